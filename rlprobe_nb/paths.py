@@ -1,0 +1,58 @@
+"""Every path the book reads or writes comes from here (never '../data' in a notebook).
+
+Layout, relative to the repository root:
+  params/<suite>/suite.yaml, params/<suite>/<checkpoint>.yaml   parameters
+  data/<suite>/shipped/...        inputs committed with the book (demo adapters, run logs)
+  data/<suite>/<table>/...        tables the notebooks write (ignored by git)
+  figures/<suite>/...             executed notebooks, HTML exports, charts
+  .cache/                         converted models and other reusable caches
+RLPROBE_HOME overrides the root (e.g. to keep results outside the checkout);
+RLPROBE_CACHE overrides the cache folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = Path(os.environ.get("RLPROBE_HOME", PACKAGE_DIR.parent)).resolve()
+
+
+def params_dir() -> Path:
+    return REPO_ROOT / "params"
+
+
+def suite_params_dir(suite: str) -> Path:
+    return params_dir() / suite
+
+
+def notebooks_dir() -> Path:
+    return REPO_ROOT / "notebooks"
+
+
+def data_dir(suite: str) -> Path:
+    return REPO_ROOT / "data" / suite
+
+
+def shipped_dir(suite: str) -> Path:
+    """Inputs committed with the book for this suite (e.g. the demo LoRA adapters)."""
+    return data_dir(suite) / "shipped"
+
+
+def table_dir(suite: str, table: str) -> Path:
+    return data_dir(suite) / table
+
+
+def figures_dir(suite: str) -> Path:
+    return REPO_ROOT / "figures" / suite
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLPROBE_CACHE", REPO_ROOT / ".cache")).resolve()
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """A path from a params file: absolute as given, relative to the repository root."""
+    p = Path(os.path.expanduser(str(path)))
+    return p if p.is_absolute() else REPO_ROOT / p

@@ -1,0 +1,124 @@
+"""One schema per table, defined once. Every table the book writes is checked against
+its schema here, so a column is renamed in one place or not at all.
+
+Natural logs (nats) throughout. The per-token table's columns are the contract of
+BOOK.md §4; columns may be added, none renamed without a note here.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+_str = pa.string()
+_i16, _i32, _i64 = pa.int16(), pa.int32(), pa.int64()
+_f32, _f64 = pa.float32(), pa.float64()
+_bool = pa.bool_()
+
+PROBLEMS = pa.schema(
+    [
+        ("problem_id", _str),  # the dataset's unique_id, never Python's hash()
+        ("problem", _str),
+        ("solution", _str),
+        ("answer", _str),  # gold answer; from `answer` or the last \boxed{} of solution
+        ("subject", _str),
+        ("level", _i16),
+        ("source", _str),  # where it came from: "demo:test", "hub:<id>/<config>/<split>", "file:<name>"
+    ]
+)
+
+# One graded answer of one model to one problem (filtering samples; imported responses).
+ANSWERS = pa.schema(
+    [
+        ("model", _str),
+        ("problem_id", _str),
+        ("sample", _i32),  # 0 = greedy, 1.. = sampled
+        ("temperature", _f32),  # 0.0 for greedy
+        ("seed", _i64),
+        ("response", _str),
+        ("n_tokens", _i32),
+        ("finish_reason", _str),  # "stop" (EOS written), "length", or "imported"
+        ("extracted", _str),  # the graded answer string, null when none was found
+        ("grade_method", _str),
+        ("n_boxes", _i16),
+        ("correct", _bool),
+    ]
+)
+
+# Per problem: pass rates of reference and target and the selection verdict.
+SELECTION = pa.schema(
+    [
+        ("problem_id", _str),
+        ("n_ref", _i32),
+        ("pass_ref", _f64),
+        ("n_target", _i32),
+        ("pass_target", _f64),
+        ("greedy_ref_correct", _bool),
+        ("greedy_target_correct", _bool),
+        ("group", _str),  # "selected" | "control" | "excluded"
+        ("reason", _str),
+    ]
+)
+
+ROLLOUTS = pa.schema(
+    [
+        ("model", _str),
+        ("problem_id", _str),
+        ("rollout_id", _str),  # f"{problem_id}#{sample}", stable across runs
+        ("sample", _i32),
+        ("temperature", _f32),
+        ("seed", _i64),
+        ("prompt_ids", pa.list_(_i32)),
+        ("response_ids", pa.list_(_i32)),  # as generated, EOS included when the model stopped
+        ("response", _str),  # decode(response_ids, skip_special_tokens=True)
+        ("n_tokens", _i32),
+        ("finish_reason", _str),  # "stop" | "length" | "imported"
+        ("token_method", _str),  # "generated" | "text" (tokenized separately, no special tokens)
+        ("extracted", _str),
+        ("grade_method", _str),
+        ("n_boxes", _i16),
+        ("correct", _bool),
+    ]
+)
+
+# Row k is the prediction of response token k: logits at position prompt_len + k - 1.
+# P = checkpoint, Q = reference. k1, k2, k3 estimate KL(Q||P) from the forced tokens,
+# which were sampled from Q: with log r = logp_ckpt - logp_ref,
+# k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r.
+TOKENS = pa.schema(
+    [
+        ("suite", _str),
+        ("checkpoint", _str),
+        ("reference", _str),
+        ("problem_id", _str),
+        ("rollout_id", _str),
+        ("pos", _i32),
+        ("token_id", _i32),
+        ("token", _str),
+        ("char_start", _i32),
+        ("char_end", _i32),
+        ("logp_ckpt", _f32),
+        ("logp_ref", _f32),
+        ("rank_ckpt", _i32),  # 1 = the model's top choice
+        ("rank_ref", _i32),
+        ("entropy_ckpt", _f32),
+        ("entropy_ref", _f32),
+        ("kl_ckpt_ref", _f32),  # D(ckpt || ref), forward
+        ("kl_ref_ckpt", _f32),  # D(ref || ckpt), reverse
+        ("js", _f32),
+        ("k1", _f32),
+        ("k2", _f32),
+        ("k3", _f32),
+        ("topk_ids_ckpt", pa.list_(_i32)),
+        ("topk_p_ckpt", pa.list_(_f32)),
+        ("topk_ids_ref", pa.list_(_i32)),
+        ("topk_p_ref", pa.list_(_f32)),
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "problems": PROBLEMS,
+    "answers": ANSWERS,
+    "selection": SELECTION,
+    "rollouts": ROLLOUTS,
+    "tokens": TOKENS,
+}

