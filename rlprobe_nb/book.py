@@ -68,11 +68,11 @@ def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path) -> float:
 
 def prepare() -> None:
     """One-time set-up for the demo suite: convert its GGUF to a safetensors cache."""
-    from . import gguf_cache, suite
+    from . import gguf_cache, models
 
     P = params.load(params.DEFAULT_SUITE)
     spec = P.model_spec(P.reference)
-    path = gguf_cache.convert_gguf(suite.gguf_file(spec), paths.cache_dir() / "models")
+    path = gguf_cache.convert_gguf(models.gguf_file(spec), paths.cache_dir() / "models")
     print(f"demo model ready: {path}")
 
 

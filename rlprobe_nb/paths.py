@@ -6,8 +6,9 @@ Layout, relative to the repository root:
   data/<suite>/<table>/...        tables the notebooks write (ignored by git)
   figures/<suite>/...             executed notebooks, HTML exports, charts
   .cache/                         converted models and other reusable caches
-RLPROBE_HOME overrides the root (e.g. to keep results outside the checkout);
-RLPROBE_CACHE overrides the cache folder.
+RLPROBE_OUT moves what the notebooks write (data/<suite>/ tables and figures/) to another
+root, e.g. a scratch disk or a test's temporary folder; params, notebooks and shipped inputs
+stay in the checkout. RLPROBE_CACHE moves the cache folder.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_ROOT = Path(os.environ.get("RLPROBE_HOME", PACKAGE_DIR.parent)).resolve()
+REPO_ROOT = PACKAGE_DIR.parent
+
+
+def out_root() -> Path:
+    """Where results are written (read at call time, so a test can redirect it)."""
+    return Path(os.environ.get("RLPROBE_OUT", REPO_ROOT)).resolve()
 
 
 def params_dir() -> Path:
@@ -32,12 +38,12 @@ def notebooks_dir() -> Path:
 
 
 def data_dir(suite: str) -> Path:
-    return REPO_ROOT / "data" / suite
+    return out_root() / "data" / suite
 
 
 def shipped_dir(suite: str) -> Path:
     """Inputs committed with the book for this suite (e.g. the demo LoRA adapters)."""
-    return data_dir(suite) / "shipped"
+    return REPO_ROOT / "data" / suite / "shipped"
 
 
 def table_dir(suite: str, table: str) -> Path:
@@ -45,7 +51,7 @@ def table_dir(suite: str, table: str) -> Path:
 
 
 def figures_dir(suite: str) -> Path:
-    return REPO_ROOT / "figures" / suite
+    return out_root() / "figures" / suite
 
 
 def cache_dir() -> Path:

@@ -1,4 +1,4 @@
-"""The suite's models: where each comes from, how it loads, and what was loaded.
+"""The suite's models (the registry): where each comes from, how it loads, and what was loaded.
 
 A model is one of (see params.MODEL_KEYS):
   hub   -- a hub id + revision (branch, tag or commit); the resolved commit is recorded
@@ -87,7 +87,7 @@ def _hub_commit(repo_id: str, revision: Optional[str]) -> str:
         raise ModelLoadError(
             f"cannot resolve {repo_id} revision {revision!r} on the model hub "
             f"({type(exc).__name__}: {exc}). Check the id and revision "
-            f"(suite.list_revisions({repo_id!r}) lists the branches), your network and "
+            f"(models.list_revisions({repo_id!r}) lists the branches), your network and "
             "token; or download the model elsewhere and use kind: local"
         ) from exc
 
