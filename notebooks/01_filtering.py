@@ -1,0 +1,151 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Filtering: where the reference fails and the target succeeds
+#
+# We study tokens where RLVR training changed a model's reasoning, so we first need
+# problems on which it made a difference. Both the reference model (the start of RL) and
+# the target RLVR checkpoint answer every problem several times: once greedily and a few
+# times by sampling. A problem is *selected* when the reference is wrong on most samples
+# and the target right on most; a *control* group holds the opposite case. One greedy
+# sample never decides "wrong" on its own.
+
+# %%
+import pandas as pd
+
+from rlprobe_nb import filtering, grading, models, params, paths, problems, provenance
+from rlprobe_nb import rollouts, schemas, statistics, storage
+
+# %% tags=["parameters"]
+suite = None
+checkpoint = None
+n_problems = None
+n_samples = None
+max_new_tokens = None
+target = None
+overwrite = False
+
+# %% [markdown]
+# Parameters come from `params/<suite>/suite.yaml`; the cell above only overrides them.
+# Everything the notebook uses is derived here, once.
+
+# %%
+params.check_notebook_parameters(globals().get("In", []), [
+    "suite", "checkpoint", "n_problems", "n_samples", "max_new_tokens", "target", "overwrite"])
+P = params.load(suite=suite, checkpoint=checkpoint, overrides={
+    "problems.limit": n_problems, "filtering.n_samples": n_samples,
+    "filtering.max_new_tokens": max_new_tokens})
+REFERENCE, TARGET = P.reference, target or P.target
+F = P.filtering
+SCHEDULE = [0.0] + [F.temperature] * F.n_samples  # sample 0 is greedy
+print(f"suite {P.suite}: reference {REFERENCE!r}, target {TARGET!r}, "
+      f"{len(SCHEDULE)} answers per problem (greedy + {F.n_samples} at T={F.temperature})")
+
+# %% [markdown]
+# ## Problems
+#
+# The problem source, level and subject filters are set in the suite's parameters. Ids
+# are the dataset's own `unique_id`s; the gold answer is the `answer` field, or the last
+# `\boxed{}` of the solution, extracted by matching braces.
+
+# %%
+PROBLEMS = problems.load_problems(
+    P.problems.source, hub_id=P.problems.hub_id, config=P.problems.config,
+    split=P.problems.split, path=P.problems.path and paths.resolve(P.problems.path),
+    n=P.problems.n, seed=P.problems.seed, split_name=P.problems.split_name,
+    levels=P.problems.levels, subjects=P.problems.subjects, limit=P.problems.limit)
+PROBLEMS.groupby(["subject", "level"]).size().rename("problems").reset_index()
+
+# %%
+problems.write_if_changed(paths.table_dir(P.suite, "problems"), PROBLEMS, schemas.PROBLEMS,
+                          provenance.manifest(P, grader=grading.grader_info()))
+PROBLEMS.head(3)
+
+# %% [markdown]
+# ## Answers
+#
+# Each model answers each problem with the chat template of `rlprobe_nb.prompting`.
+# Answers are graded by math-verify on the last `\boxed{}` only (no box: wrong), in
+# worker processes with a timeout; model text is never evaluated. Shards are written as
+# they finish, so an interrupted run resumes where it stopped.
+
+# %%
+ANSWERS = rollouts.sample_to_table(
+    paths.table_dir(P.suite, "answers"), schemas.ANSWERS, [REFERENCE, TARGET],
+    lambda name: models.load_model(name, P), PROBLEMS, template=P.prompt_template,
+    n_per_problem=len(SCHEDULE), temperatures=SCHEDULE, max_new_tokens=F.max_new_tokens,
+    seed=F.seed, batch_size=F.batch_size, timeout_s=P.grading.timeout_s,
+    workers=P.grading.workers,
+    manifest=provenance.manifest(P, seeds={"filtering": F.seed}, grader=grading.grader_info()),
+    overwrite=overwrite)
+ANSWERS.groupby(["model", "grade_method"]).size().unstack(fill_value=0)
+
+# %% [markdown]
+# ## Pass rates
+#
+# Overall pass rate per model with two 95% intervals: Wilson, which treats every answer
+# as independent, and a bootstrap over problems, which does not (answers to one problem
+# are correlated, so it is the honest one).
+
+# %%
+statistics.rate_table(ANSWERS, ["model"], seed=F.seed).round(3)
+
+# %% [markdown]
+# Per problem, the greedy answer and all samples together:
+
+# %%
+RATES = filtering.pass_rates(ANSWERS)
+RATES.pivot(index="problem_id", columns="model", values="pass_rate").round(2).head(12)
+
+# %% [markdown]
+# ## Selection
+#
+# The rule and its thresholds come from `filtering` in the suite's parameters. Every
+# problem gets a group and the reason, with its counts.
+
+# %%
+SELECTION = filtering.select(
+    ANSWERS, REFERENCE, TARGET, ref_max_pass=F.ref_max_pass,
+    target_min_pass=F.target_min_pass, control_ref_min_pass=F.control_ref_min_pass,
+    control_target_max_pass=F.control_target_max_pass)
+filtering.counts(SELECTION)
+
+# %%
+SELECTION[SELECTION["group"] != "excluded"].head(10)
+
+# %% [markdown]
+# ## Is the target better than the reference?
+#
+# An exact McNemar test on the paired greedy verdicts: only problems where exactly one of
+# the two models is right carry information.
+
+# %%
+pd.Series(filtering.greedy_mcnemar(SELECTION))
+
+# %% [markdown]
+# ## Tables written
+#
+# `problems`, `answers` and `selection` under `data/<suite>/`, each with a manifest
+# (parameters, models and their hashes, seeds, grader, package versions, git commit).
+
+# %%
+problems.write_if_changed(
+    paths.table_dir(P.suite, "selection"), SELECTION, schemas.SELECTION,
+    provenance.manifest(P, seeds={"filtering": F.seed}, grader=grading.grader_info(),
+                        extra={"reference": REFERENCE, "target": TARGET,
+                               "greedy_test": filtering.greedy_mcnemar(SELECTION)}))
+{t: storage.read_manifest(paths.table_dir(P.suite, t))["rows"]
+ for t in ("problems", "answers", "selection")}
