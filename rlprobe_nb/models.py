@@ -23,7 +23,8 @@ import pandas as pd
 
 from . import paths
 from .params import Params, ParamsError
-from .provenance import sha256_file, sha256_text
+from .provenance import sha256_file
+from .tokenizers import check_same_tokenizer, tokenizer_identity  # noqa: F401 (re-exported)
 
 
 class ModelLoadError(RuntimeError):
@@ -101,33 +102,8 @@ def list_revisions(repo_id: str) -> list[str]:
 
 
 def tokenizer_facts(tok) -> dict:
-    backend = getattr(tok, "backend_tokenizer", None)
-    text = backend.to_str() if backend is not None else repr(sorted(tok.get_vocab().items()))
-    return {
-        "tokenizer_sha256": sha256_text(text),
-        "chat_template_sha256": sha256_text(getattr(tok, "chat_template", None)),
-        "vocab_size": len(tok),
-        "bos_token_id": tok.bos_token_id,
-        "eos_token_id": tok.eos_token_id,
-    }
-
-
-def check_same_tokenizer(tok_a, tok_b, names=("a", "b")) -> None:
-    """Refuse to compare models whose tokenizers (or chat templates) differ."""
-    problems = []
-    if tok_a.get_vocab() != tok_b.get_vocab():
-        problems.append(f"vocabularies differ ({len(tok_a)} vs {len(tok_b)} tokens)")
-    for attr in ("bos_token_id", "eos_token_id"):
-        if getattr(tok_a, attr) != getattr(tok_b, attr):
-            problems.append(f"{attr} {getattr(tok_a, attr)} != {getattr(tok_b, attr)}")
-    if getattr(tok_a, "chat_template", None) != getattr(tok_b, "chat_template", None):
-        problems.append("chat templates differ")
-    if problems:
-        raise ValueError(
-            f"models {names[0]!r} and {names[1]!r} have different tokenizers: "
-            + "; ".join(problems)
-            + ". Per-token divergences are only defined over one shared vocabulary."
-        )
+    return {"tokenizer": tokenizer_identity(tok), "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id}
 
 
 def _finish_tokenizer(tok):

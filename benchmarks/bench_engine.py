@@ -1,0 +1,310 @@
+"""GPU benchmark of the teacher-forcing engine (issue acceptance 3).
+
+Two random-weight Llama-3.1-8B-shaped models P and Q (bf16, built on the GPU, no
+downloads), the same forced sequences for every method, measured side by side:
+
+  (a) forward-only     plain HF forward of one model (bf16 logits of every position)
+  (b) one more ckpt    the engine with the reference's hidden states cached in pinned host
+                       memory: P's body forward + every metric vs Q + P's hidden states
+                       and the metrics copied to the host (what run_checkpoint does on
+                       the device; disk I/O runs in a background thread)
+      pair, scratch    both bodies forwarded + every metric
+      engine e2e       forcing.run_checkpoint end to end (cache + parquet on disk), once
+  (c) naive            one sequence at a time, fp32 logits of both models
+                       (model(ids).logits.float()), softmax, then KL
+
+Throughput is response tokens (table rows) per second over identical sequences. Memory is
+the peak allocated over what was allocated before the phase (the weights). Errors: the
+largest relative error vs float64 math from the same hidden states on a sample of positions,
+for the engine and for bf16 logits (the naive path's precision).
+
+    python benchmarks/bench_engine.py            # GPU, 8B shape (~3-5 min on one H100)
+    python benchmarks/bench_engine.py --tiny     # CPU, tiny shape, seconds (a dry run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlprobe_nb import divergence, forcing  # noqa: E402
+
+
+def build_model(cfg, seed: int, device, dtype):
+    from transformers import LlamaForCausalLM
+    torch.manual_seed(seed)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def make_sequences(n: int, prompt_len: int, response_len: int, vocab: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    seqs = []
+    for i in range(n):
+        ids = torch.randint(0, vocab, (prompt_len + response_len,), generator=g).tolist()
+        seqs.append(forcing.make_sequence(f"r{i:04d}", f"p{i:04d}", ids[:prompt_len],
+                                          ids[prompt_len:]))
+    ident = {"size": vocab, "vocab_sha256": "random-benchmark-vocabulary"}
+    return forcing.SequenceSet(seqs, tokenizer=ident)
+
+
+class Timer:
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __call__(self, fn, repeats: int) -> tuple[float, list[float]]:
+        fn()  # warm-up (compilation, cuBLAS heuristics, allocator)
+        self.sync()
+        times = []
+        for _ in range(repeats):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1000)
+            else:
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+        return statistics.median(times), times
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def peak_over(device, fn) -> float:
+    """Peak allocated bytes during fn() above what was allocated before, in GiB."""
+    if torch.device(device).type != "cuda":
+        return float("nan")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+
+
+def run_scenario(name, P, Q, seqs, args, device, timer, row_fn):
+    batches = forcing.plan_batches(seqs, args.batch_tokens)
+    members = [[seqs.sequences[i] for i in b.members] for b in batches]
+    inputs = [forcing.batch_inputs(m, b.width, device) for m, b in zip(members, batches)]
+    V = seqs.tokenizer["size"]
+    head_p, head_q = forcing.lm_head_of(P, V), forcing.lm_head_of(Q, V)
+    rows = seqs.n_rows()
+    in_tokens = sum(b.width * len(b.members) for b in batches)
+    with torch.inference_mode():
+        cached_q = []  # Q's hidden states as the cache would hand them over: pinned host
+        for ids, mask, idx, _ in inputs:
+            h = forcing.forward_hidden(Q, ids, mask, idx).cpu()
+            cached_q.append(h.pin_memory() if device.type == "cuda" else h)
+
+    def forward_only():
+        with torch.inference_mode():
+            for ids, mask, _, _ in inputs:
+                P(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+    def one_more_checkpoint(chunk=args.chunk):
+        copies = []
+        for (ids, mask, idx, tgt), hq_host in zip(inputs, cached_q):
+            h_q = hq_host.to(device, non_blocking=True)
+            h_p = forcing.forward_hidden(P, ids, mask, idx)
+            packed = forcing.pair_metrics(h_p, h_q, head_p, head_q, tgt, chunk,
+                                          args.topk, row_fn)
+            copies += [forcing._HostCopy(h_p), forcing._HostCopy(packed)]
+        for c in copies:
+            c.get()
+
+    def one_more_checkpoint_half_chunk():
+        one_more_checkpoint(max(1, args.chunk // 2))
+
+    def pair_from_scratch():
+        copies = []
+        for ids, mask, idx, tgt in inputs:
+            h_q = forcing.forward_hidden(Q, ids, mask, idx)
+            h_p = forcing.forward_hidden(P, ids, mask, idx)
+            packed = forcing.pair_metrics(h_p, h_q, head_p, head_q, tgt, args.chunk,
+                                          args.topk, row_fn)
+            copies += [forcing._HostCopy(h_p), forcing._HostCopy(h_q), forcing._HostCopy(packed)]
+        for c in copies:
+            c.get()
+
+    def naive():
+        kls = []
+        with torch.inference_mode():
+            for s in seqs.sequences:
+                ids = torch.tensor([s.input_ids[:-1]], device=device)
+                lp = torch.log_softmax(P(input_ids=ids, use_cache=False).logits.float()[0], -1)
+                lq = torch.log_softmax(Q(input_ids=ids, use_cache=False).logits.float()[0], -1)
+                lp, lq = lp[s.prompt_len - 1:], lq[s.prompt_len - 1:]
+                kls.append((lp.exp() * (lp - lq)).sum(-1).cpu())  # one sync per sequence, as it was
+        return kls
+
+    results = {}
+    for label, fn in (("(a) forward-only", forward_only),
+                      ("(b) one more checkpoint", one_more_checkpoint),
+                      ("(b) one more ckpt, chunk/2", one_more_checkpoint_half_chunk),
+                      ("(b) pair from scratch", pair_from_scratch),
+                      ("(c) naive per-sequence fp32", naive)):
+        med, times = timer(fn, args.repeats)
+        mem = peak_over(device, fn)
+        results[label] = {"seconds": med, "times": times, "rows_per_s": rows / med,
+                          "input_tokens_per_s": in_tokens / med, "mem_over_gib": mem}
+        print(f"  {name} {label}: {rows / med:,.0f} rows/s  (median {med:.3f}s of "
+              f"{[round(t, 3) for t in times]}), peak over weights {mem:.2f} GiB", flush=True)
+
+    # engine end to end: reference into its cache (timed), then one more checkpoint
+    with tempfile.TemporaryDirectory() as tmp:
+        kw = dict(suite="bench", batch_tokens=args.batch_tokens, chunk_positions=args.chunk,
+                  topk=args.topk, device=device, progress=False)
+        t = time.perf_counter()
+        forcing.forward_to_cache(seqs, forcing.Side("Q", Q, None, f"{tmp}/hQ"), **kw)
+        timer.sync()
+        ref_s = time.perf_counter() - t
+        t = time.perf_counter()
+        out = forcing.run_checkpoint(seqs, forcing.Side("P", P, None, f"{tmp}/hP"),
+                                     forcing.Side("Q", cache_dir=f"{tmp}/hQ"), f"{tmp}/tok", **kw)
+        timer.sync()
+        e2e_s = time.perf_counter() - t
+        from rlprobe_nb import storage
+        n = storage.read_manifest(out)["rows"]
+        assert n == rows, (n, rows)
+    results["engine e2e: reference to cache"] = {"seconds": ref_s, "rows_per_s": rows / ref_s}
+    results["engine e2e: one more checkpoint"] = {"seconds": e2e_s, "rows_per_s": rows / e2e_s}
+    print(f"  {name} engine e2e (disk, one pass, includes first-call overheads): reference "
+          f"{rows / ref_s:,.0f} rows/s, one more checkpoint {rows / e2e_s:,.0f} rows/s", flush=True)
+
+    # precision on a sample of positions of the first batch, vs float64 from the same h
+    ids, mask, idx, tgt = inputs[0]
+    with torch.inference_mode():
+        h_p = forcing.forward_hidden(P, ids, mask, idx)
+        h_q = forcing.forward_hidden(Q, ids, mask, idx)
+        pick = torch.linspace(0, h_p.shape[0] - 1, args.sample, device=device).long()
+        packed = forcing.pair_metrics(h_p[pick], h_q[pick], head_p, head_q, tgt[pick],
+                                      args.chunk, args.topk, row_fn).cpu()
+
+        def f64_logits(h, head):
+            out = torch.empty(h.shape[0], head.vocab_size, dtype=torch.float64, device=device)
+            for s in range(0, head.vocab_size, 16384):
+                out[:, s:s + 16384] = h.double() @ head.weight[s:s + 16384].double().t()
+            return out.cpu()
+
+        lp64, lq64 = f64_logits(h_p[pick], head_p), f64_logits(h_q[pick], head_q)
+        bf_p = (h_p[pick] @ head_p.weight.t()).float().cpu()  # bf16 logits, as HF returns them
+        bf_q = (h_q[pick] @ head_q.weight.t()).float().cpu()
+    t_cpu = tgt[pick].cpu()
+    want = divergence.reference_metrics_f64(torch.log_softmax(lp64, -1), torch.log_softmax(lq64, -1),
+                                            t_cpu, lp64, lq64)
+    errors = {}
+    for j, metric in enumerate(forcing.METRIC_COLUMNS):
+        if metric in divergence.INT_METRICS:
+            errors[metric] = float((packed[:, j].double() - want[metric].double()).abs().max())
+        else:
+            errors[metric] = float(divergence.relative_error(packed[:, j], want[metric], 1e-3).max())
+    naive_out = divergence.token_metrics(bf_p, bf_q, t_cpu, topk=0)
+    naive_err = {m: float(divergence.relative_error(naive_out[m], want[m], 1e-3).max())
+                 for m in ("kl_ckpt_ref", "kl_ref_ckpt", "js", "logp_ckpt")}
+    results["max_rel_error_engine"] = errors
+    results["max_rel_error_bf16_logits"] = naive_err
+    results["kl_median_f64"] = float(want["kl_ckpt_ref"].median())
+    results["rows"], results["input_tokens"], results["batches"] = rows, in_tokens, len(batches)
+    print(f"  {name} max relative error vs float64 (floor 1e-3) engine: "
+          f"{max(v for k, v in errors.items() if k not in divergence.INT_METRICS):.2e} "
+          f"(ranks off by {max(errors[k] for k in divergence.INT_METRICS):.0f}); "
+          f"bf16 logits: {max(naive_err.values()):.2e}", flush=True)
+    return results
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="CPU dry run with a tiny config")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--chunk", type=int, default=1024, help="chunk_positions")
+    ap.add_argument("--batch-tokens", type=int, default=8192)
+    ap.add_argument("--topk", type=int, default=5)
+    ap.add_argument("--sample", type=int, default=64, help="positions checked vs float64")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--no-compile", action="store_true", help="eager divergence math")
+    ap.add_argument("--json", type=str, default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    from transformers import LlamaConfig
+
+    if args.tiny:
+        device, dtype = torch.device("cpu"), torch.bfloat16
+        cfg = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=2048, initializer_range=0.1)
+        args.batch_tokens, args.chunk, args.sample = 256, 64, 16
+        scenarios = [("8x128", 4, 128), ("48-token", 12, 48)]  # (name, sequences, length)
+        args.repeats = min(args.repeats, 2)
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("no CUDA device: run with --tiny for a CPU dry run")
+        device, dtype = torch.device("cuda"), torch.bfloat16
+        cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                          max_position_embeddings=8192, rope_theta=500000.0,
+                          tie_word_embeddings=False)
+        # 16 x 1024 = two batches of 8 x 1024; 384-token responses: two batches of ~18
+        scenarios = [("8x1024", 16, 1024), ("384-token", 36, 384 + args.prompt_len)]
+    t0 = time.perf_counter()
+    P = build_model(cfg, 0, device, dtype)
+    Q = build_model(cfg, 1, device, dtype)
+    init_s = time.perf_counter() - t0
+    weights_gib = (torch.cuda.memory_allocated() / 2 ** 30) if device.type == "cuda" else float("nan")
+    row_fn = None if args.no_compile else divergence.compiled_row_fn(device)
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device {card}; torch {torch.__version__}; models built in {init_s:.1f}s; "
+          f"weights {weights_gib:.1f} GiB; compiled math: {row_fn is not None}", flush=True)
+    timer = Timer(device)
+    all_results = {"device": card, "torch": torch.__version__, "args": vars(args),
+                   "init_seconds": init_s}
+    for name, n, length in scenarios:
+        prompt = min(args.prompt_len, length // 4) if args.tiny else args.prompt_len
+        if name == "8x1024":  # 8 x 1024 total tokens: the input is 1023 (last token predicts nothing)
+            seqs = make_sequences(n, prompt, length - prompt + 1, cfg.vocab_size, seed=7)
+        else:
+            seqs = make_sequences(n, prompt, length - prompt, cfg.vocab_size, seed=8)
+        all_results[name] = run_scenario(name, P, Q, seqs, args, device, timer, row_fn)
+    if args.json:
+        Path(args.json).write_text(json.dumps(all_results, indent=2, default=str))
+
+    print("\nscenario     method                         rows/s   vs (a)  vs (c)  mem>w GiB")
+    for name, _, _ in scenarios:
+        r = all_results[name]
+        a = r["(a) forward-only"]["rows_per_s"]
+        c = r["(c) naive per-sequence fp32"]["rows_per_s"]
+        for label in ("(a) forward-only", "(b) one more checkpoint", "(b) one more ckpt, chunk/2",
+                      "(b) pair from scratch",
+                      "(c) naive per-sequence fp32", "engine e2e: one more checkpoint"):
+            x = r[label]
+            mem = x.get("mem_over_gib", float("nan"))
+            print(f"{name:<12} {label:<30} {x['rows_per_s']:>8,.0f}  {x['rows_per_s'] / a:>6.3f}"
+                  f"  {x['rows_per_s'] / c:>6.2f}  {mem:>9.2f}")
+        err = max(v for k, v in r["max_rel_error_engine"].items() if k not in divergence.INT_METRICS)
+        print(f"{name:<12} max rel. error vs float64: engine {err:.1e}, bf16 logits "
+              f"{max(r['max_rel_error_bf16_logits'].values()):.1e} (median KL "
+              f"{r['kl_median_f64']:.3g})")
+    print(f"targets: one more checkpoint >= 0.85x (a); >= 3x (c) at 384-token; mem < 2 GiB at 8x1024 "
+          f"[{card}]")
+
+
+if __name__ == "__main__":
+    main()
