@@ -65,6 +65,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
@@ -783,37 +784,43 @@ def _prepare_side(side: Side, seqs: SequenceSet, device, longest: int) -> tuple[
     return head.to(device), facts
 
 
-def _rows_frame(members: Sequence[ForcedSequence], host: np.ndarray, suite: str,
-                checkpoint: str, reference: str, topk: int) -> pd.DataFrame:
+def _rows_table(members: Sequence[ForcedSequence], host: np.ndarray, suite: str,
+                checkpoint: str, reference: str, topk: int) -> pa.Table:
+    """One batch of the per-token table, built column by column in Arrow (no per-row
+    Python objects but the token strings), so writing keeps up with the GPU."""
     lengths = [s.n_rows for s in members]
     n = int(sum(lengths))
     if host.shape[0] != n:
         raise RuntimeError(f"internal: {host.shape[0]} metric rows for {n} response tokens")
+    finite_cols = [j for j, name in enumerate(divergence.FLOAT_METRICS) if name != "k3"]
+    bad = ~np.isfinite(host[:, finite_cols]).all(axis=1) | np.isnan(host[:, :len(METRIC_COLUMNS)]).any(axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        seq = np.repeat(np.arange(len(members)), lengths)[i]
+        raise FloatingPointError(f"non-finite metrics at rollout {members[seq].rollout_id!r} "
+                                 f"pos {i - int(np.sum(lengths[:seq]))}: the logits were not finite")
     cols: dict[str, Any] = {
-        "suite": [suite] * n, "checkpoint": [checkpoint] * n, "reference": [reference] * n,
-        "problem_id": np.repeat([s.problem_id for s in members], lengths),
-        "rollout_id": np.repeat([s.rollout_id for s in members], lengths),
+        "suite": pa.array([suite] * n, pa.string()),
+        "checkpoint": pa.array([checkpoint] * n, pa.string()),
+        "reference": pa.array([reference] * n, pa.string()),
+        "problem_id": pa.array(np.repeat([s.problem_id for s in members], lengths), pa.string()),
+        "rollout_id": pa.array(np.repeat([s.rollout_id for s in members], lengths), pa.string()),
         "pos": np.concatenate([np.arange(k, dtype=np.int32) for k in lengths]),
         "token_id": np.concatenate([np.asarray(s.response_ids, dtype=np.int32) for s in members]),
-        "token": [t for s in members for t in s.tokens],
+        "token": pa.array([t for s in members for t in s.tokens], pa.string()),
         "char_start": np.concatenate([np.asarray(s.char_start, dtype=np.int32) for s in members]),
         "char_end": np.concatenate([np.asarray(s.char_end, dtype=np.int32) for s in members]),
     }
     for j, name in enumerate(METRIC_COLUMNS):
         col = host[:, j]
-        cols[name] = col.astype(np.int32) if name in divergence.INT_METRICS else col
+        cols[name] = col.astype(np.int32) if name in divergence.INT_METRICS else col.astype(np.float32)
     base = len(METRIC_COLUMNS)
+    offsets = pa.array(np.arange(0, (n + 1) * topk, topk, dtype=np.int32))
     for j, name in enumerate(divergence.TOPK_METRICS):
         block = host[:, base + j * topk: base + (j + 1) * topk]
-        block = block.astype(np.int32) if "ids" in name else block
-        cols[name] = list(block)
-    finite_cols = [j for j, name in enumerate(divergence.FLOAT_METRICS) if name != "k3"]
-    bad = ~np.isfinite(host[:, finite_cols]).all(axis=1) | np.isnan(host[:, :len(METRIC_COLUMNS)]).any(axis=1)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise FloatingPointError(f"non-finite metrics at rollout {cols['rollout_id'][i]!r} "
-                                 f"pos {cols['pos'][i]}: the logits were not finite")
-    return pd.DataFrame(cols)
+        block = block.astype(np.int32 if "ids" in name else np.float32).reshape(-1)
+        cols[name] = pa.ListArray.from_arrays(offsets, pa.array(block))
+    return pa.Table.from_pydict(cols, schema=schemas.TOKENS)
 
 
 def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLike | None, *,
@@ -886,8 +893,8 @@ def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLik
                 c.save(members_of[k], hc.get())
         if metric_copy is not None:
             host = metric_copy.get().numpy()
-            frame = _rows_frame(members_of[k], host, suite, ckpt.name, ref.name, topk)
-            table.write_shard(batches[k].key, frame)
+            table.write_shard(batches[k].key,
+                              _rows_table(members_of[k], host, suite, ckpt.name, ref.name, topk))
 
     try:
         future = loader.submit(load_cached, todo[0]) if todo else None

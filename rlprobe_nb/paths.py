@@ -8,7 +8,8 @@ Layout, relative to the repository root:
   .cache/                         converted models and other reusable caches
 RLPROBE_OUT moves what the notebooks write (data/<suite>/ tables and figures/) to another
 root, e.g. a scratch disk or a test's temporary folder; params, notebooks and shipped inputs
-stay in the checkout. RLPROBE_CACHE moves the cache folder.
+stay in the checkout. RLPROBE_PARAMS reads suites from another folder; RLPROBE_CACHE moves
+the cache folder.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def out_root() -> Path:
 
 
 def params_dir() -> Path:
-    return REPO_ROOT / "params"
+    """The suites' parameter folders; RLPROBE_PARAMS points elsewhere (e.g. a lab's own)."""
+    return Path(os.environ.get("RLPROBE_PARAMS", REPO_ROOT / "params")).resolve()
 
 
 def suite_params_dir(suite: str) -> Path:

@@ -69,8 +69,15 @@ def to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pandas(df[want], schema=schema, preserve_index=False)
 
 
-def write_parquet(path: str | os.PathLike, df: pd.DataFrame, schema: pa.Schema) -> Path:
-    table = to_arrow(df, schema)
+def write_parquet(path: str | os.PathLike, df: pd.DataFrame | pa.Table,
+                  schema: pa.Schema) -> Path:
+    """Write a DataFrame (converted with the schema) or an Arrow table of exactly the schema."""
+    if isinstance(df, pa.Table):
+        if not df.schema.equals(schema):
+            raise ValueError(f"table schema differs from the expected one:\n{df.schema}\nvs\n{schema}")
+        table = df
+    else:
+        table = to_arrow(df, schema)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
     return Path(path)
@@ -162,7 +169,7 @@ class ShardedTable:
     def done(self) -> set[str]:
         return {p.name[len("part-"):-len(".parquet")] for p in self.folder.glob("part-*.parquet")}
 
-    def write_shard(self, key: str, df: pd.DataFrame) -> Path:
+    def write_shard(self, key: str, df: pd.DataFrame | pa.Table) -> Path:
         return write_parquet(self.shard_path(key), df, self.schema)
 
     def finish(self, manifest: dict, expected: list[str]) -> Path:

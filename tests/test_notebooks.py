@@ -64,3 +64,47 @@ def test_misspelled_notebook_parameter_fails(tmp_path, out_env):
     assert result.returncode != 0
     text = outputs(tmp_path / "o.ipynb")
     assert "unknown notebook parameter" in text and "did you mean 'checkpoint'" in text
+
+
+def small_demo_params(root):
+    """The demo suite, shrunk so 01 -> 02 -> 03 runs in a couple of minutes, and with a
+    selection rule that keeps every problem (the point here is the plumbing)."""
+    import shutil
+
+    import yaml
+
+    shutil.copytree(paths.params_dir() / "demo", root / "demo")
+    suite_file = root / "demo" / "suite.yaml"
+    cfg = yaml.safe_load(suite_file.read_text())
+    cfg["problems"].update(n=3)
+    cfg["filtering"].update(n_samples=1, max_new_tokens=40, ref_max_pass=1.0, target_min_pass=0.0)
+    cfg["rollouts"].update(n_per_problem=2, max_new_tokens=40)
+    cfg["forcing"].update(which="all", max_rollouts=4)
+    suite_file.write_text(yaml.safe_dump(cfg))
+    return root
+
+
+@pytest.mark.slow
+def test_demo_chain_01_02_03_reads_as_a_user_would(tmp_path, out_env):
+    env = {**out_env, "RLPROBE_PARAMS": str(small_demo_params(tmp_path / "params"))}
+    for nb in ("01_filtering", "02_rollouts"):
+        result = papermill(f"{nb}.ipynb", tmp_path / f"{nb}.ipynb", env=env)
+        assert result.returncode == 0, outputs(tmp_path / f"{nb}.ipynb")[-3000:]
+    result = papermill("03_teacher_forcing.ipynb", tmp_path / "03.ipynb",
+                       ("checkpoint", "rlvr_step_1200"), env=env)
+    text = outputs(tmp_path / "03.ipynb")
+    assert result.returncode == 0, text[-3000:]
+    assert "checkpoint 'rlvr_step_1200' (step 1200) vs reference 'dpo'" in text
+
+    data = Path(env["RLPROBE_OUT"]) / "data" / "demo"
+    tokens = storage.read_table(data / "tokens" / "rlvr_step_1200__vs__dpo")
+    rollouts = storage.read_table(data / "rollouts").head(4)
+    assert set(tokens.checkpoint) == {"rlvr_step_1200"} and set(tokens.reference) == {"dpo"}
+    assert len(tokens) == int(rollouts.n_tokens.sum()), "one row per response token, EOS included"
+    for r in rollouts.itertuples():
+        rows = tokens[tokens.rollout_id == r.rollout_id].sort_values("pos")
+        assert list(rows.token_id) == list(r.response_ids)
+    manifest = storage.read_manifest(data / "tokens" / "rlvr_step_1200__vs__dpo")
+    ckpt = next(m for m in manifest["models"] if m["name"] == "rlvr_step_1200")
+    assert ckpt["adapter_sha256"] and ckpt["base"]["gguf_sha256"]
+    assert (tokens.kl_ref_ckpt > 0).any() and (tokens.kl_ref_ckpt >= 0).all()
