@@ -28,17 +28,25 @@ def notebooks() -> list[Path]:
     return chapters + [p for p in found if p not in chapters]
 
 
+def declared_parameters(nb: Path) -> set[str]:
+    import papermill as pm
+
+    return set(pm.inspect_notebook(str(nb)))
+
+
 def runs(P: params.Params, only: list[str] | None = None) -> list[tuple[Path, dict, str]]:
-    """(notebook, papermill parameters, output stem) for each run of the book."""
+    """(notebook, papermill parameters, output stem) for each run of the book. A notebook
+    gets ``suite`` only if it declares it (the appendix is about the demo suite alone)."""
     out = []
     for nb in notebooks():
         if only and not any(nb.stem.startswith(o) for o in only):
             continue
+        base = {"suite": P.suite} if "suite" in declared_parameters(nb) else {}
         if nb.stem == PER_CHECKPOINT:
             for ckpt in P.checkpoints:
-                out.append((nb, {"suite": P.suite, "checkpoint": ckpt}, f"{nb.stem}__{ckpt}"))
+                out.append((nb, {**base, "checkpoint": ckpt}, f"{nb.stem}__{ckpt}"))
         else:
-            out.append((nb, {"suite": P.suite}, nb.stem))
+            out.append((nb, base, nb.stem))
     return out
 
 

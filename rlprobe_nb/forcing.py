@@ -611,7 +611,7 @@ class HiddenCache:
                     if f.is_file():
                         f.unlink()
         self.folder.mkdir(parents=True, exist_ok=True)
-        for tmp in self.folder.glob(".*.tmp"):  # litter of a killed run
+        for tmp in self.folder.glob(".*.tmp*"):  # litter of a killed run
             tmp.unlink()
         if not (self.folder / self.MODEL).exists():
             storage.atomic_write_json(self.folder / self.MODEL, identity)

@@ -16,15 +16,19 @@ from .params import Params
 
 def select_rollouts(rollouts: pd.DataFrame, which: str = "wrong",
                     limit: int | None = None) -> pd.DataFrame:
-    """The rollouts to force: wrong (default), right (a control) or all; the first
-    ``limit`` in table order when given."""
+    """The rollouts to force: wrong (default), right (a control) or all. With ``limit``,
+    sample 0 of every problem first, then sample 1, ..., so every problem is represented."""
     if which not in ("wrong", "right", "all"):
         raise ValueError(f"which must be 'wrong', 'right' or 'all', got {which!r}")
     chosen = rollouts if which == "all" else rollouts[rollouts.correct == (which == "right")]
     if chosen.empty:
         raise ValueError(f"no {which} rollouts in the rollouts table ({len(rollouts)} rows): "
                          "rerun notebook 02 with more problems or samples, or set forcing.which")
-    return chosen.head(limit) if limit else chosen
+    if not limit:
+        return chosen
+    spread = chosen.assign(_rank=chosen.groupby("problem_id").cumcount())
+    keep = spread.sort_values(["_rank", "problem_id"], kind="stable").head(limit).index
+    return chosen.loc[chosen.index.isin(keep)]
 
 
 def engine_settings(P: Params) -> dict:
@@ -57,15 +61,21 @@ def ensure_cached(P: Params, name: str, seqs: forcing.SequenceSet) -> None:
     forcing.forward_to_cache(seqs, side, **engine_settings(P))
 
 
+def needs_cache(P: Params, name: str) -> bool:
+    """Whether a configured pair will read this model's hidden states later. Saving them
+    costs disk traffic (8 KB a token at 8B), so a checkpoint in no pair skips it."""
+    return any(name in pair for pair in P.forcing.pairs)
+
+
 def run_checkpoint(P: Params, seqs: forcing.SequenceSet, ckpt: models.LoadedModel) -> Path:
     """Forward the checkpoint once; compare it with the cached reference as it goes."""
     ensure_cached(P, P.reference, seqs)
+    cache = forcing.hidden_dir(P.suite, P.checkpoint) if needs_cache(P, P.checkpoint) else None
     ref_prov = {"name": P.reference, **P.model_spec(P.reference)}
     man = provenance.manifest(P, models=[ckpt.provenance, ref_prov],
                               extra={"sequences": seqs.facts()})
     return forcing.run_checkpoint(
-        seqs, forcing.Side(P.checkpoint, ckpt.model, ckpt.tokenizer,
-                           forcing.hidden_dir(P.suite, P.checkpoint)),
+        seqs, forcing.Side(P.checkpoint, ckpt.model, ckpt.tokenizer, cache),
         forcing.Side(P.reference, cache_dir=forcing.hidden_dir(P.suite, P.reference)),
         forcing.pair_dir(P.suite, P.checkpoint, P.reference), provenance=man,
         **engine_settings(P))
@@ -86,14 +96,14 @@ def run_cached_pairs(P: Params, seqs: forcing.SequenceSet) -> list[Path]:
     done = []
     for a, b in extra_pairs(P):
         folder = forcing.pair_dir(P.suite, a, b)
-        other_checkpoints = [m for m in (a, b) if m in P.steps and m != P.checkpoint]
-        if storage.is_complete(folder) or not all(is_cached(P, m, seqs) for m in other_checkpoints):
+        # Checkpoints are forwarded only by their own run of 03; wait for both caches.
+        checkpoints = [m for m in (a, b) if m in P.steps]
+        if storage.is_complete(folder) or not all(is_cached(P, m, seqs) for m in checkpoints):
             continue
         for name in (a, b):
             if name not in P.steps:
                 ensure_cached(P, name, seqs)
         man = provenance.manifest(P, models=[{"name": m, **P.model_spec(m)} for m in (a, b)])
-        s = engine_settings(P)
-        forcing.compare_cached(seqs, a, b, folder, provenance=man, **s)
+        forcing.compare_cached(seqs, a, b, folder, provenance=man, **engine_settings(P))
         done.append(folder)
     return done
