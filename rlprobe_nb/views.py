@@ -59,7 +59,7 @@ def trace_chart(tokens: pd.DataFrame, rollout_id: str, metric: str = "kl_ref_ckp
     df = df[["pos", "token", metric, "logp_ref", "logp_ckpt"]].assign(
         token=lambda d: d.token.str.replace("\n", "⏎"))
     return alt.Chart(df, title=f"{rollout_id}: {METRIC_LABELS.get(metric, metric)} per token").mark_bar(
-        width=2).encode(x=alt.X("pos:Q", title="response token"),
+        width=2).encode(x=alt.X("pos:Q", title="response token", scale=alt.Scale(domainMin=0, nice=False)),
                         y=alt.Y(f"{metric}:Q", title=METRIC_LABELS.get(metric, metric)),
                         tooltip=["pos", "token", metric, "logp_ref", "logp_ckpt"]
                         ).properties(width=640, height=180)
