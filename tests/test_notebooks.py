@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlprobe_nb import paths, storage
+from rlprobe_nb import forcing_plan, paths, storage
 
 NB = paths.notebooks_dir()
 PAPERMILL = [sys.executable, "-m", "papermill", "--no-progress-bar"]
@@ -98,7 +98,7 @@ def test_demo_chain_01_02_03_reads_as_a_user_would(tmp_path, out_env):
 
     data = Path(env["RLPROBE_OUT"]) / "data" / "demo"
     tokens = storage.read_table(data / "tokens" / "rlvr_step_1200__vs__dpo")
-    rollouts = storage.read_table(data / "rollouts").head(4)
+    rollouts = forcing_plan.select_rollouts(storage.read_table(data / "rollouts"), "all", 4)
     assert set(tokens.checkpoint) == {"rlvr_step_1200"} and set(tokens.reference) == {"dpo"}
     assert len(tokens) == int(rollouts.n_tokens.sum()), "one row per response token, EOS included"
     for r in rollouts.itertuples():
@@ -108,3 +108,44 @@ def test_demo_chain_01_02_03_reads_as_a_user_would(tmp_path, out_env):
     ckpt = next(m for m in manifest["models"] if m["name"] == "rlvr_step_1200")
     assert ckpt["adapter_sha256"] and ckpt["base"]["gguf_sha256"]
     assert (tokens.kl_ref_ckpt > 0).any() and (tokens.kl_ref_ckpt >= 0).all()
+
+
+@pytest.mark.slow
+def test_prior_project_import_flows_through_02_and_03(tmp_path, out_env):
+    """Problems from the prior project's filtered_problems.json, reference responses from
+    its dpo_responses.json: regraded, disagreements listed, forced as text (no specials)."""
+    import shutil
+
+    import yaml
+
+    prior = paths.REPO_ROOT / "tests" / "data" / "prior_small"
+    root = tmp_path / "params"
+    shutil.copytree(paths.params_dir() / "demo", root / "prior")
+    suite_file = root / "prior" / "suite.yaml"
+    cfg = yaml.safe_load(suite_file.read_text())
+    cfg.update(suite="prior")
+    cfg["problems"] = {"source": "prior", "path": str(prior / "filtered_problems.json")}
+    cfg["filtering"].update(n_samples=0, max_new_tokens=16, ref_max_pass=1.0, target_min_pass=0.0)
+    cfg["rollouts"] = {"source": "prior", "prior_path": str(prior / "dpo_responses.json")}
+    cfg["forcing"].update(which="all", pairs=[])
+    suite_file.write_text(yaml.safe_dump(cfg))
+    env = {**out_env, "RLPROBE_PARAMS": str(root)}
+    for nb in ("01_filtering", "02_rollouts"):
+        result = papermill(f"{nb}.ipynb", tmp_path / f"{nb}.ipynb", ("suite", "prior"), env=env)
+        assert result.returncode == 0, outputs(tmp_path / f"{nb}.ipynb")[-3000:]
+    listed = outputs(tmp_path / "02_rollouts.ipynb")
+    assert "test/algebra/1.json" in listed and "test/intermediate_algebra/3.json" in listed
+
+    data = Path(env["RLPROBE_OUT"]) / "data" / "prior"
+    rollouts = storage.read_table(data / "rollouts")
+    assert set(rollouts.token_method) == {"text"} and set(rollouts.finish_reason) == {"imported"}
+    verdict = dict(zip(rollouts.problem_id, rollouts.correct))
+    assert verdict["test/algebra/1.json"] and not verdict["test/intermediate_algebra/3.json"]
+
+    result = papermill("03_teacher_forcing.ipynb", tmp_path / "03.ipynb",
+                       ("suite", "prior"), ("checkpoint", "rlvr_step_1200"), env=env)
+    assert result.returncode == 0, outputs(tmp_path / "03.ipynb")[-3000:]
+    tokens = storage.read_table(data / "tokens" / "rlvr_step_1200__vs__dpo")
+    assert len(tokens) == int(rollouts.n_tokens.sum())
+    manifest = storage.read_manifest(data / "tokens" / "rlvr_step_1200__vs__dpo")
+    assert manifest["engine"]["token_methods"] == {"text": len(rollouts)}
