@@ -47,22 +47,23 @@ def out_env(tmp_path):
     return {**os.environ, "RLPROBE_OUT": str(tmp_path / "out")}
 
 
+def failed_run_of_03(tmp_path, env, name, value):
+    """Run notebook 03 with one bad parameter; it must fail. Returns (outputs, failing cell)."""
+    out = tmp_path / "o.ipynb"
+    result = papermill("03_teacher_forcing.ipynb", out, (name, value), env=env)
+    assert result.returncode != 0, f"03 accepted -p {name} {value}"
+    return outputs(out), failing_cell(out)
+
+
 def test_unknown_checkpoint_fails_before_any_model_loads(tmp_path, out_env):
-    result = papermill("03_teacher_forcing.ipynb", tmp_path / "o.ipynb",
-                       ("checkpoint", "rlvr_step_1300"), env=out_env)
-    assert result.returncode != 0
-    text = outputs(tmp_path / "o.ipynb")
+    text, cell = failed_run_of_03(tmp_path, out_env, "checkpoint", "rlvr_step_1300")
     assert "rlvr_step_1300.yaml" in text and "'rlvr_step_1200'" in text
-    assert "params.load(" in failing_cell(tmp_path / "o.ipynb")
-    assert "load_model" not in failing_cell(tmp_path / "o.ipynb")
+    assert "params.load(" in cell and "load_model" not in cell
     assert "Loading weights" not in text
 
 
 def test_misspelled_notebook_parameter_fails(tmp_path, out_env):
-    result = papermill("03_teacher_forcing.ipynb", tmp_path / "o.ipynb",
-                       ("checkpont", "rlvr_step_1200"), env=out_env)
-    assert result.returncode != 0
-    text = outputs(tmp_path / "o.ipynb")
+    text, _ = failed_run_of_03(tmp_path, out_env, "checkpont", "rlvr_step_1200")
     assert "unknown notebook parameter" in text and "did you mean 'checkpoint'" in text
 
 
