@@ -102,7 +102,7 @@ def peak_over(device, fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 30
 
 
-def run_scenario(name, P, Q, seqs, args, device, timer, row_fn):
+def run_scenario(name, P, Q, seqs, args, device, timer, row_fn, torch_fn):
     batches = forcing.plan_batches(seqs, args.batch_tokens)
     members = [[seqs.sequences[i] for i in b.members] for b in batches]
     inputs = [forcing.batch_inputs(m, b.width, device) for m, b in zip(members, batches)]
@@ -121,19 +121,46 @@ def run_scenario(name, P, Q, seqs, args, device, timer, row_fn):
             for ids, mask, _, _ in inputs:
                 P(input_ids=ids, attention_mask=mask, use_cache=False).logits
 
-    def one_more_checkpoint(chunk=args.chunk):
+    def one_more_checkpoint(chunk=args.chunk, fn=row_fn):
         copies = []
         for (ids, mask, idx, tgt), hq_host in zip(inputs, cached_q):
-            h_q = hq_host.to(device, non_blocking=True)
+            h_q = forcing._DeviceCopy(hq_host, device)  # on the copy stream
             h_p = forcing.forward_hidden(P, ids, mask, idx)
-            packed = forcing.pair_metrics(h_p, h_q, head_p, head_q, tgt, chunk,
-                                          args.topk, row_fn)
+            packed = forcing.pair_metrics(h_p, h_q.get(), head_p, head_q, tgt, chunk,
+                                          args.topk, fn)
             copies += [forcing._HostCopy(h_p), forcing._HostCopy(packed)]
         for c in copies:
             c.get()
 
     def one_more_checkpoint_half_chunk():
         one_more_checkpoint(max(1, args.chunk // 2))
+
+    def one_more_checkpoint_torch_math():
+        one_more_checkpoint(fn=torch_fn)
+
+    # where the time of (b) goes: P's body alone, the two fp32 heads alone, the math alone
+    def body_only():
+        for ids, mask, idx, _ in inputs:
+            forcing.forward_hidden(P, ids, mask, idx)
+
+    def heads_only():
+        for (ids, mask, idx, tgt), hq_host in zip(inputs, cached_q):
+            h = hq_host.to(device)
+            for s in range(0, h.shape[0], args.chunk):
+                forcing.head_logits(h[s:s + args.chunk], head_p)
+                forcing.head_logits(h[s:s + args.chunk], head_q)
+
+    lp_chunk = forcing.head_logits(cached_q[0][:args.chunk].to(device), head_p)
+    lq_chunk = forcing.head_logits(cached_q[0][:args.chunk].to(device), head_q)
+    tgt_chunk = inputs[0][3][:args.chunk]
+    n_chunks = sum((len(t) + args.chunk - 1) // args.chunk for *_, t in inputs)
+
+    def math_only(fn=row_fn):
+        for _ in range(n_chunks):
+            divergence.token_metrics(lp_chunk, lq_chunk, tgt_chunk, args.topk, row_fn=fn)
+
+    def math_only_torch():
+        math_only(torch_fn)
 
     def pair_from_scratch():
         copies = []
@@ -158,17 +185,48 @@ def run_scenario(name, P, Q, seqs, args, device, timer, row_fn):
         return kls
 
     results = {}
-    for label, fn in (("(a) forward-only", forward_only),
-                      ("(b) one more checkpoint", one_more_checkpoint),
-                      ("(b) one more ckpt, chunk/2", one_more_checkpoint_half_chunk),
-                      ("(b) pair from scratch", pair_from_scratch),
-                      ("(c) naive per-sequence fp32", naive)):
+
+    def measure(label, fn):
         med, times = timer(fn, args.repeats)
         mem = peak_over(device, fn)
         results[label] = {"seconds": med, "times": times, "rows_per_s": rows / med,
                           "input_tokens_per_s": in_tokens / med, "mem_over_gib": mem}
         print(f"  {name} {label}: {rows / med:,.0f} rows/s  (median {med:.3f}s of "
               f"{[round(t, 3) for t in times]}), peak over weights {mem:.2f} GiB", flush=True)
+
+    if row_fn is divergence.fused_row_fn:  # kernel shape: a few (block, warps) side by side
+        from rlprobe_nb import fused_metrics
+        tuning = {}
+        for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16)):
+            med, _ = timer(lambda: fused_metrics.row_reductions(lp_chunk, lq_chunk, tgt_chunk,
+                                                                block, warps), args.repeats)
+            tuning[f"{block}/{warps}"] = med * 1e3
+        results["fused kernel ms per chunk by block/warps"] = tuning
+        print(f"  {name} fused kernel, ms per {args.chunk}-position chunk by BLOCK/num_warps: "
+              + ", ".join(f"{k}: {v:.2f}" for k, v in tuning.items()), flush=True)
+    for label, fn in (("(a) forward-only", forward_only),
+                      ("(b) one more checkpoint", one_more_checkpoint),
+                      ("(b) one more ckpt, chunk/2", one_more_checkpoint_half_chunk),
+                      ("(b) one more ckpt, torch math", one_more_checkpoint_torch_math),
+                      ("(b) pair from scratch", pair_from_scratch),
+                      ("(c) naive per-sequence fp32", naive),
+                      ("part: P body only", body_only),
+                      ("part: both fp32 heads only", heads_only),
+                      ("part: metric math only", math_only),
+                      ("part: metric math, torch", math_only_torch)):
+        measure(label, fn)
+
+    if args.compile_layers:  # the same (a) and (b) with both bodies' layers compiled
+        forcing.compile_layers(P)
+        forcing.compile_layers(Q)
+        try:
+            for label, fn in (("(a') forward-only, compiled layers", forward_only),
+                              ("(b') one more ckpt, compiled layers", one_more_checkpoint),
+                              ("(b') pair from scratch, compiled", pair_from_scratch)):
+                measure(label, fn)
+        finally:
+            forcing.compile_layers(P, enable=False)
+            forcing.compile_layers(Q, enable=False)
 
     # engine end to end, as notebook 03 runs it: reference into its cache, then one more
     # checkpoint (hidden cache + parquet shards on disk). A warm-up pass over one sequence
@@ -185,10 +243,12 @@ def run_scenario(name, P, Q, seqs, args, device, timer, row_fn):
                   topk=args.topk, device=device, progress=False)
         warm = forcing.SequenceSet(seqs.sequences[:1], [], seqs.tokenizer, seqs.max_context,
                                    seqs.context_policy)
+        t = time.perf_counter()
         forcing.forward_to_cache(warm, forcing.Side("Q", Q, None, f"{tmp}/wQ"), **kw)
         forcing.run_checkpoint(warm, forcing.Side("P", P, None, f"{tmp}/wP"),
                                forcing.Side("Q", cache_dir=f"{tmp}/wQ"), f"{tmp}/wtok", **kw)
         timer.sync()
+        warm_s = time.perf_counter() - t  # first calls: layer compilation, head caches
         t = time.perf_counter()
         forcing.forward_to_cache(big, forcing.Side("Q", Q, None, f"{tmp}/hQ"), **kw)
         timer.sync()
@@ -199,14 +259,26 @@ def run_scenario(name, P, Q, seqs, args, device, timer, row_fn):
         timer.sync()
         e2e_s = time.perf_counter() - t
         from rlprobe_nb import storage
-        n = storage.read_manifest(out)["rows"]
-        assert n == big_rows, (n, big_rows)
+        manifest = storage.read_manifest(out)
+        assert manifest["rows"] == big_rows, (manifest["rows"], big_rows)
+        eng = manifest["engine"]
+        waits = {k: eng[k] for k in ("seconds_this_run", "seconds_waiting_for_reads",
+                                     "seconds_waiting_for_writes", "compiled_layers_used",
+                                     "metric_kernel")}
+        print(f"  {name} engine e2e one more checkpoint: {waits}; warm-up (compile, heads) "
+              f"{warm_s:.1f}s", flush=True)
         # the same without saving P's hidden states (only progression pairs need them)
         t = time.perf_counter()
         forcing.run_checkpoint(big, forcing.Side("P", P, None, None),
                                forcing.Side("Q", cache_dir=f"{tmp}/hQ"), f"{tmp}/tok2", **kw)
         timer.sync()
         nosave_s = time.perf_counter() - t
+    results["engine e2e: waits"] = waits
+    results["engine e2e: warm-up seconds (two runs over one sequence)"] = warm_s
+    # the batch loop alone (the manifest's own clock): what a long run converges to, once
+    # the one-time set-up (LM heads to and from the cache: 1 GB each at 8B) is amortized
+    results["engine e2e: batch loop only"] = {"seconds": waits["seconds_this_run"],
+                                              "rows_per_s": big_rows / waits["seconds_this_run"]}
     results["engine e2e: reference to cache"] = {"seconds": ref_s, "rows_per_s": big_rows / ref_s}
     results["engine e2e: one more checkpoint"] = {"seconds": e2e_s, "rows_per_s": big_rows / e2e_s}
     results["engine e2e: one more ckpt, no h save"] = {"seconds": nosave_s,
@@ -268,6 +340,8 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--no-compile", action="store_true", help="eager divergence math")
     ap.add_argument("--json", type=str, default=None, help="also write the results here")
+    ap.add_argument("--compile-layers", action="store_true",
+                    help="also measure (a) and (b) with torch.compile'd decoder layers")
     ap.add_argument("--e2e-copies", type=int, default=4,
                     help="copies of the sequences in the timed end-to-end pass")
     args = ap.parse_args(argv)
@@ -297,9 +371,10 @@ def main(argv=None):
     init_s = time.perf_counter() - t0
     weights_gib = (torch.cuda.memory_allocated() / 2 ** 30) if device.type == "cuda" else float("nan")
     row_fn = None if args.no_compile else divergence.compiled_row_fn(device)
+    torch_fn = divergence.torch_compiled_row_fn(device)  # the previous CUDA path, for comparison
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device {card}; torch {torch.__version__}; models built in {init_s:.1f}s; "
-          f"weights {weights_gib:.1f} GiB; compiled math: {row_fn is not None}", flush=True)
+          f"weights {weights_gib:.1f} GiB; metric math: {divergence.row_fn_kind(row_fn)}", flush=True)
     timer = Timer(device)
     all_results = {"device": card, "torch": torch.__version__, "args": vars(args),
                    "init_seconds": init_s}
@@ -309,7 +384,7 @@ def main(argv=None):
             seqs = make_sequences(n, prompt, length - prompt + 1, cfg.vocab_size, seed=7)
         else:
             seqs = make_sequences(n, prompt, length - prompt, cfg.vocab_size, seed=8)
-        all_results[name] = run_scenario(name, P, Q, seqs, args, device, timer, row_fn)
+        all_results[name] = run_scenario(name, P, Q, seqs, args, device, timer, row_fn, torch_fn)
     if args.json:
         Path(args.json).write_text(json.dumps(all_results, indent=2, default=str))
 
@@ -319,9 +394,16 @@ def main(argv=None):
         a = r["(a) forward-only"]["rows_per_s"]
         c = r["(c) naive per-sequence fp32"]["rows_per_s"]
         for label in ("(a) forward-only", "(b) one more checkpoint", "(b) one more ckpt, chunk/2",
-                      "(b) pair from scratch",
-                      "(c) naive per-sequence fp32", "engine e2e: one more checkpoint",
-                      "engine e2e: one more ckpt, no h save"):
+                      "(b) one more ckpt, torch math", "(b) pair from scratch",
+                      "(c) naive per-sequence fp32", "(a') forward-only, compiled layers",
+                      "(b') one more ckpt, compiled layers", "(b') pair from scratch, compiled",
+                      "engine e2e: one more checkpoint",
+                      "engine e2e: one more ckpt, no h save", "engine e2e: batch loop only",
+                      "part: P body only",
+                      "part: both fp32 heads only", "part: metric math only",
+                      "part: metric math, torch"):
+            if label not in r:
+                continue
             x = r[label]
             mem = x.get("mem_over_gib", float("nan"))
             print(f"{name:<12} {label:<30} {x['rows_per_s']:>8,.0f}  {x['rows_per_s'] / a:>6.3f}"
@@ -333,6 +415,13 @@ def main(argv=None):
               f"k1-k3 {max(e['k1'], e['k2'], e['k3']):.1e} (log r cancels), ranks off by "
               f"{max(e['rank_ckpt'], e['rank_ref']):.0f}; bf16 logits "
               f"{max(r['max_rel_error_bf16_logits'].values()):.1e} (median KL {r['kl_median_f64']:.3g})")
+    print("\nwhere the time goes (ms per batch):")
+    for name, _, _ in scenarios:
+        r = all_results[name]
+        nb = r["batches"]
+        ms = {k: r[k]["seconds"] * 1e3 / nb for k in r if isinstance(r[k], dict) and "seconds" in r[k]
+              and not k.startswith("engine")}
+        print(f"{name:<12} " + ", ".join(f"{k} {v:.1f}" for k, v in ms.items()))
     print(f"targets: one more checkpoint >= 0.85x (a); >= 3x (c) at 384-token; mem < 2 GiB at 8x1024 "
           f"[{card}]")
 

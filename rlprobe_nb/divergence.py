@@ -92,7 +92,6 @@ def _row_metrics(logits_p: torch.Tensor, logits_q: torch.Tensor, token_ids: torc
     # d = lp - lq from the max-shifted logits and the float64 difference of the log-sums:
     # exact at the top entries of peaked rows (z = 0), exactly 0 for identical rows and
     # exactly -d when P and Q are swapped.
-    shift64 = (max_p.double() - max_q.double()) + (logsum_p - logsum_q)
     d = (z_p - z_q) - (logsum_p - logsum_q).float()
     tok_p = logits_p.gather(1, idx)
     tok_q = logits_q.gather(1, idx)
@@ -101,33 +100,64 @@ def _row_metrics(logits_p: torch.Tensor, logits_q: torch.Tensor, token_ids: torc
     f64 = torch.float64  # accumulate in float64: the products are fp32, the sums exact-ish
     kl_pq64 = (p * d).sum(-1, dtype=f64)
     kl_qp64 = -(q * d).sum(-1, dtype=f64)
-    ent_p = -(p * lp).sum(-1, dtype=f64).float()
-    ent_q = -(q * lq).sum(-1, dtype=f64).float()
+    ent_p64 = -(p * lp).sum(-1, dtype=f64)
+    ent_q64 = -(q * lq).sum(-1, dtype=f64)
     # Per entry p f(d) + q f(-d) >= 0. (The identity f(-d) = f(d) - d would save one f but
     # cancels against KL(Q||P) when that is large: 3e-5 error at KL ~ 200.)
-    js = (0.5 * (p * _log_half_ratio(d) + q * _log_half_ratio(-d)).sum(-1, dtype=f64)).float()
-    kl_pq, kl_qp = kl_pq64.float(), kl_qp64.float()
+    js64 = 0.5 * (p * _log_half_ratio(d) + q * _log_half_ratio(-d)).sum(-1, dtype=f64)
+    return finish_rows(max_p.squeeze(-1), max_q.squeeze(-1), logsum_p.squeeze(-1),
+                       logsum_q.squeeze(-1), tok_p.squeeze(-1), tok_q.squeeze(-1),
+                       kl_pq64, kl_qp64, ent_p64, ent_q64, js64, rank_p, rank_q, clamp)
+
+
+def finish_rows(max_p, max_q, logsum_p, logsum_q, tok_p, tok_q, kl_pq64, kl_qp64, ent_p64,
+                ent_q64, js64, rank_p, rank_q, clamp: bool = True) -> tuple[torch.Tensor, ...]:
+    """Row scalars from the vocabulary reductions (all [n]: fp32 row max and written-token
+    logit, float64 log of the shifted sum of exp and float64 sums), shared by the torch and
+    the fused Triton reductions."""
+    kl_pq, kl_qp, js = kl_pq64.float(), kl_qp64.float(), js64.float()
     if clamp:
         kl_pq = kl_pq.clamp_min(0.0)
         kl_qp = kl_qp.clamp_min(0.0)
         js = js.clamp(0.0, LN2)
     # Row scalars in float64, then rounded once: exact to ~6e-8 relative.
-    logp_p = ((tok_p.double() - max_p.double()) - logsum_p).squeeze(-1).float()
-    logp_q = ((tok_q.double() - max_q.double()) - logsum_q).squeeze(-1).float()
-    log_r = ((tok_p.double() - tok_q.double()) - shift64).squeeze(-1)
+    shift64 = (max_p.double() - max_q.double()) + (logsum_p - logsum_q)
+    logp_p = ((tok_p.double() - max_p.double()) - logsum_p).float()
+    logp_q = ((tok_q.double() - max_q.double()) - logsum_q).float()
+    log_r = (tok_p.double() - tok_q.double()) - shift64
     k1 = (-log_r).float()
     k2 = (0.5 * log_r * log_r).float()
     k3 = (torch.expm1(log_r) - log_r).float()
-    return (logp_p, logp_q, ent_p, ent_q, kl_pq, kl_qp, js, rank_p, rank_q, k1, k2, k3,
-            (max_p + logsum_p.float()).squeeze(-1), (max_q + logsum_q.float()).squeeze(-1))
+    return (logp_p, logp_q, ent_p64.float(), ent_q64.float(), kl_pq, kl_qp, js, rank_p, rank_q,
+            k1, k2, k3, max_p + logsum_p.float(), max_q + logsum_q.float())
 
 
-def topk_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_row_fn(logits_p: torch.Tensor, logits_q: torch.Tensor, token_ids: torch.Tensor,
+                 clamp: bool = True, block: int | None = None) -> tuple[torch.Tensor, ...]:
+    """``_row_metrics`` with the vocabulary reductions in one Triton kernel (CUDA; the
+    tests run it in Triton's CPU interpreter)."""
+    from . import fused_metrics
+    r = fused_metrics.row_reductions(logits_p, logits_q, token_ids,
+                                     block=block or fused_metrics.BLOCK)
+    idx = token_ids.view(-1, 1)
+    tok_p = logits_p.gather(1, idx).squeeze(-1)
+    tok_q = logits_q.gather(1, idx).squeeze(-1)
+    s = r["sums"].unbind(1)
+    rows = finish_rows(r["max_p"], r["max_q"], r["logsum_p"], r["logsum_q"], tok_p, tok_q,
+                       *s, r["ranks"][:, 0], r["ranks"][:, 1], clamp)
+    if "block_max_p" in r:  # top-k's prefilter, computed in the kernel's first pass
+        rows = rows + (r["block_max_p"], r["block_max_q"])
+    return rows
+
+
+def topk_logits(logits: torch.Tensor, k: int,
+                block_maxima: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k (values, ids) of each row, sorted descending.
 
     The k largest entries of a row lie in the k blocks with the largest block maxima (a
     block holding a top-k entry has a top-k entry as its maximum), so one pass of block
     maxima plus a top-k over k*B candidates gives the exact answer at vocabulary scale.
+    ``block_maxima`` ([n, ceil(V / 128)]) may come precomputed (the fused kernel's pass 1).
     """
     n, v = logits.shape
     k = min(k, v)
@@ -135,9 +165,12 @@ def topk_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     if v <= 4 * block * max(k, 1):
         return torch.topk(logits, k, dim=-1)
     full = v // block
-    maxima = logits[:, : full * block].view(n, full, block).amax(-1)
-    if full * block < v:
-        maxima = torch.cat([maxima, logits[:, full * block:].amax(-1, keepdim=True)], dim=1)
+    if block_maxima is not None:
+        maxima = block_maxima
+    else:
+        maxima = logits[:, : full * block].view(n, full, block).amax(-1)
+        if full * block < v:
+            maxima = torch.cat([maxima, logits[:, full * block:].amax(-1, keepdim=True)], dim=1)
     top_blocks = torch.topk(maxima, k, dim=-1).indices  # [n, k]
     cand = (top_blocks.unsqueeze(-1) * block
             + torch.arange(block, device=logits.device)).view(n, k * block)
@@ -166,8 +199,10 @@ def token_metrics(logits_p: torch.Tensor, logits_q: torch.Tensor, token_ids: tor
     if token_ids.shape != logits_p.shape[:1]:
         raise ValueError(f"token_ids shape {tuple(token_ids.shape)} != ({logits_p.shape[0]},)")
     fn = row_fn or _row_metrics
+    res = fn(logits_p, logits_q, token_ids.long(), clamp)
     (logp_p, logp_q, ent_p, ent_q, kl_pq, kl_qp, js, rank_p, rank_q, k1, k2, k3,
-     lse_p, lse_q) = fn(logits_p, logits_q, token_ids.long(), clamp)
+     lse_p, lse_q) = res[:14]
+    block_maxima = res[14:16] if len(res) > 14 else (None, None)
     out = {
         "logp_ckpt": logp_p, "logp_ref": logp_q,
         "entropy_ckpt": ent_p, "entropy_ref": ent_q,
@@ -176,8 +211,9 @@ def token_metrics(logits_p: torch.Tensor, logits_q: torch.Tensor, token_ids: tor
         "rank_ckpt": rank_p.to(torch.int32), "rank_ref": rank_q.to(torch.int32),
     }
     if topk > 0:
-        for side, logits, lse in (("ckpt", logits_p, lse_p), ("ref", logits_q, lse_q)):
-            vals, ids = topk_logits(logits, topk)
+        for side, logits, lse, maxima in (("ckpt", logits_p, lse_p, block_maxima[0]),
+                                          ("ref", logits_q, lse_q, block_maxima[1])):
+            vals, ids = topk_logits(logits, topk, maxima)
             out[f"topk_ids_{side}"] = ids.to(torch.int32)
             out[f"topk_p_{side}"] = (vals - lse.unsqueeze(-1)).exp()
     return out
@@ -187,12 +223,24 @@ _COMPILED = {}
 
 
 def compiled_row_fn(device: torch.device | str):
-    """torch.compile'd reductions (fused kernels: Triton on CUDA, C++ on CPU).
+    """The fastest available reductions for a device: on CUDA the hand-fused Triton kernel
+    (fused_metrics) after a self-check against the torch math, else torch.compile'd
+    reductions (Triton on CUDA, C++ on CPU); ``row_fn_kind`` names which one.
 
     On CPU at vocab 49k eager math takes ~10 ms a position and compiled ~0.5 ms, after a
     one-time compile of ~30 s (cached on disk by inductor for later processes).
     Compilation failures fall back to eager with a warning: same numbers, only slower.
     """
+    dev = torch.device(device)
+    if dev.type not in ("cuda", "cpu"):
+        return None
+    if dev.type == "cuda" and _fused_ok(dev):
+        return fused_row_fn
+    return torch_compiled_row_fn(dev)
+
+
+def torch_compiled_row_fn(device: torch.device | str):
+    """``_row_metrics`` through torch.compile (None where it cannot be compiled)."""
     dev = torch.device(device)
     if dev.type not in ("cuda", "cpu"):
         return None
@@ -217,6 +265,38 @@ def compiled_row_fn(device: torch.device | str):
             return _row_metrics(*args)
 
     return guarded
+
+
+_FUSED_OK: dict[str, bool] = {}
+
+
+def _fused_ok(device: torch.device) -> bool:
+    """Triton importable and the fused kernel agrees with the torch math on this device."""
+    key = str(device)
+    if key not in _FUSED_OK:
+        try:
+            g = torch.Generator(device=device).manual_seed(0)
+            a = torch.randn(8, 5000, generator=g, device=device) * 4
+            b = a + torch.randn(8, 5000, generator=g, device=device)
+            t = torch.randint(0, 5000, (8,), generator=g, device=device)
+            want, got = _row_metrics(a, b, t), fused_row_fn(a, b, t)
+            bad = [i for i, (x, y) in enumerate(zip(want, got))
+                   if not torch.allclose(x.double(), y.double(), rtol=1e-5, atol=1e-6)]
+            if bad:
+                raise AssertionError(f"outputs {bad} differ from the torch math")
+            _FUSED_OK[key] = True
+        except Exception as err:  # noqa: BLE001 - no triton, compile error or a mismatch
+            warnings.warn(f"fused Triton metrics unavailable on {device} ({err!r}); "
+                          "using torch.compile'd math (same numbers, slower)")
+            _FUSED_OK[key] = False
+    return _FUSED_OK[key]
+
+
+def row_fn_kind(fn) -> str:
+    """What a row function is, for manifests: 'triton-fused', 'torch.compile' or 'eager'."""
+    if fn is None:
+        return "eager"
+    return "triton-fused" if fn is fused_row_fn else "torch.compile"
 
 
 def reference_metrics_f64(logp_p: torch.Tensor, logp_q: torch.Tensor, token_ids: torch.Tensor,

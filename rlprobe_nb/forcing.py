@@ -500,6 +500,28 @@ def batch_inputs(members: Sequence[ForcedSequence], width: int, device, pad_id: 
             move(torch.tensor(targets, dtype=torch.long)))
 
 
+def compile_layers(model, enable: bool = True) -> int:
+    """torch.compile each decoder layer of the body in place (``enable=False`` undoes it).
+
+    Regional compilation: identical layers share one compiled graph, so it compiles in
+    seconds, not the minutes of a whole-model compile; dynamic shapes, so the bucketed
+    batches of varying width do not recompile. It fuses the norms, rotary embedding,
+    activation and residual adds; the matmuls are the same cuBLAS calls. Hidden states
+    can differ from eager in the last bf16 bit (as they do between batch sizes); the
+    divergence math downstream is unchanged. Returns the number of layers.
+    """
+    body = decoder_of(model)
+    layers = list(getattr(body, "layers", []))
+    if not layers:
+        raise TypeError(f"cannot find the decoder layers of {type(model).__name__}")
+    for module in layers + [m for m in (getattr(body, "norm", None),) if m is not None]:
+        if enable:
+            module.compile(dynamic=True)
+        else:
+            module._compiled_call_impl = None
+    return len(layers)
+
+
 def forward_hidden(model, ids: torch.Tensor, mask: torch.Tensor | None,
                    rows: torch.Tensor) -> torch.Tensor:
     """Final normed hidden states [n_rows, hidden] at the given flat positions (body only:
@@ -549,15 +571,33 @@ def pair_metrics(h_p: torch.Tensor, h_q: torch.Tensor, head_p: LMHead, head_q: L
 METRIC_COLUMNS = divergence.FLOAT_METRICS + divergence.INT_METRICS
 
 
+_COPY_STREAMS: dict[int, Any] = {}
+
+
+def _copy_stream(device: torch.device):
+    """One side stream per GPU for host<->device copies, so they overlap the compute."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _COPY_STREAMS:
+        _COPY_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _COPY_STREAMS[index]
+
+
 class _HostCopy:
-    """A device tensor on its way to pinned host memory, without blocking the caller."""
+    """A device tensor on its way to pinned host memory on the copy stream, without
+    blocking the caller or the compute stream."""
 
     def __init__(self, t: torch.Tensor):
         if t.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+            stream = _copy_stream(t.device)
+            stream.wait_event(ready)
             self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            self.host.copy_(t, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
+            with torch.cuda.stream(stream):
+                self.host.copy_(t, non_blocking=True)
+                t.record_stream(stream)  # keep t's memory until the copy is done
+                self.event = torch.cuda.Event()
+                self.event.record(stream)
         else:
             self.host, self.event = t, None
 
@@ -565,6 +605,49 @@ class _HostCopy:
         if self.event is not None:
             self.event.synchronize()
         return self.host
+
+
+def _host_slices(t: torch.Tensor, slice_bytes: int = 64 << 20):
+    """A device tensor that does not change while the run goes on (the LM head, 1 GB at
+    8B) as consecutive CPU slices, streamed through one pinned 64 MB buffer on a stream of
+    its own: the forward's stream and the per-batch copy stream never wait for it, and no
+    GB-sized pinned allocation is made. Each slice is valid until the next is asked for."""
+    flat = t.reshape(-1)
+    step = max(1, slice_bytes // t.element_size())
+    if t.device.type != "cuda":
+        yield from (flat[s:s + step] for s in range(0, flat.numel(), step))
+        return
+    stream = torch.cuda.Stream(device=t.device)
+    buf = torch.empty(min(step, flat.numel()), dtype=t.dtype, pin_memory=True)
+    for s in range(0, flat.numel(), step):
+        n = min(step, flat.numel() - s)
+        with torch.cuda.stream(stream):
+            buf[:n].copy_(flat[s:s + n], non_blocking=True)
+        stream.synchronize()
+        yield buf[:n]
+
+
+class _DeviceCopy:
+    """A (pinned) host tensor on its way to the device on the copy stream; ``get()``
+    makes the compute stream wait for it and returns the device tensor."""
+
+    def __init__(self, host: torch.Tensor, device: torch.device):
+        self.event = None
+        if device.type == "cuda" and host.is_pinned():
+            with torch.cuda.stream(_copy_stream(device)):
+                self.tensor = host.to(device, non_blocking=True)
+                self.event = torch.cuda.Event()
+                self.event.record()
+        else:
+            self.tensor = host.to(device)
+
+    def get(self) -> torch.Tensor:
+        if self.event is not None:
+            compute = torch.cuda.current_stream(self.tensor.device)
+            compute.wait_event(self.event)
+            self.tensor.record_stream(compute)  # freed after the compute stream's use
+            self.event = None
+        return self.tensor
 
 
 # ----------------------------------------------------------------------------- hidden cache
@@ -617,30 +700,30 @@ class HiddenCache:
             storage.atomic_write_json(self.folder / self.MODEL, identity)
 
     # head ----------------------------------------------------------------------
+    def has_head(self) -> bool:
+        return (self.folder / self.HEAD).exists()
+
     def save_head(self, head: LMHead) -> None:
-        from safetensors.torch import save_file
+        """The sliced LM head (1 GB at 8B; the engine saves it from a background thread)."""
         path = self.folder / self.HEAD
         if path.exists():
             return
-        tensors = {"weight": head.weight.detach().to("cpu").contiguous()}
+        tensors = {"weight": head.weight.detach()}
         if head.bias is not None:
-            tensors["bias"] = head.bias.detach().to("cpu").contiguous()
-        meta = {k: json.dumps(v) for k, v in head.facts().items()}
-        with storage.atomic_path(path) as tmp:
-            save_file(tensors, str(tmp), metadata=meta)
+            tensors["bias"] = head.bias.detach()
+        storage.write_tensors(path, tensors, {k: json.dumps(v) for k, v in head.facts().items()},
+                              host_slices=_host_slices)
 
     def load_head(self, device) -> LMHead:
-        from safetensors import safe_open
         path = self.folder / self.HEAD
         if not path.exists():
             raise FileNotFoundError(f"{path} missing: the cache holds no LM head; pass the "
                                     "model of this side instead")
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
-            weight = f.get_tensor("weight")
-            bias = f.get_tensor("bias") if "bias" in f.keys() else None
-        head = LMHead(weight, bias, meta.get("softcap"), meta.get("rows_in_model", 0),
-                      meta.get("padded_rows_dropped", 0))
+        # pageable, not pinned: pinning 1 GB once costs more (~0.4 s) than it saves
+        tensors, meta = storage.read_tensors(path)
+        meta = {k: json.loads(v) for k, v in meta.items()}
+        head = LMHead(tensors["weight"], tensors.get("bias"), meta.get("softcap"),
+                      meta.get("rows_in_model", 0), meta.get("padded_rows_dropped", 0))
         return head.to(device)
 
     # shards ---------------------------------------------------------------------
@@ -653,15 +736,12 @@ class HiddenCache:
         return (self.folder / self.shard_name(members)).exists()
 
     def save(self, members: Sequence[ForcedSequence], hidden: torch.Tensor) -> None:
-        from safetensors.torch import save_file
         meta = {
             "rollout_ids": json.dumps([s.rollout_id for s in members]),
             "rows": json.dumps([s.n_rows for s in members]),
             "hashes": json.dumps([s.content_hash() for s in members]),
         }
-        path = self.folder / self.shard_name(members)
-        with storage.atomic_path(path) as tmp:
-            save_file({"hidden": hidden.contiguous()}, str(tmp), metadata=meta)
+        storage.write_tensors(self.folder / self.shard_name(members), {"hidden": hidden}, meta)
         self._index = None
 
     def index(self) -> dict[str, tuple[str, int, int, str]]:
@@ -685,13 +765,13 @@ class HiddenCache:
         return [s.rollout_id for s in members
                 if s.rollout_id not in idx or idx[s.rollout_id][3] != s.content_hash()]
 
-    def rows(self, members: Sequence[ForcedSequence]) -> torch.Tensor:
-        """Hidden rows of these sequences, concatenated in order (CPU tensor)."""
+    def rows(self, members: Sequence[ForcedSequence], pin_memory: bool = False) -> torch.Tensor:
+        """Hidden rows of these sequences, concatenated in order (CPU tensor, pinned for a
+        non-blocking copy to the GPU if asked)."""
         from safetensors import safe_open
         if self.has(members):  # the common case: the same batch was cached whole
-            name = self.shard_name(members)
-            with safe_open(str(self.folder / name), framework="pt", device="cpu") as f:
-                return f.get_tensor("hidden")
+            path = self.folder / self.shard_name(members)
+            return storage.read_tensors(path, ["hidden"], pin_memory=pin_memory)[0]["hidden"]
         idx = self.index()
         parts = []
         for s in members:
@@ -703,7 +783,8 @@ class HiddenCache:
                 self._handles[name] = safe_open(str(self.folder / name), framework="pt",
                                                 device="cpu")
             parts.append(self._handles[name].get_slice("hidden")[start:start + n])
-        return torch.cat(parts)
+        out = torch.cat(parts)
+        return out.pin_memory() if pin_memory else out
 
     def finish(self, seqs: SequenceSet, facts: dict) -> None:
         idx = self.index()
@@ -760,8 +841,7 @@ def _prepare_side(side: Side, seqs: SequenceSet, device, longest: int) -> tuple[
         head = lm_head_of(side.model, seqs.tokenizer["size"])
         ident = _model_identity(side, seqs)
         if cache is not None:
-            cache.begin(ident)
-            cache.save_head(head)
+            cache.begin(ident)  # its head is saved by run_pair, in the background
         facts.update(ident, source="forward", device=str(next(side.model.parameters()).device))
     else:
         if cache is None:
@@ -775,7 +855,7 @@ def _prepare_side(side: Side, seqs: SequenceSet, device, longest: int) -> tuple[
                 f"the hidden-state cache of {side.name!r} at {cache.folder} lacks "
                 f"{len(missing)} of {len(seqs)} rollouts (e.g. {missing[:3]}): forward "
                 f"{side.name} over these rollouts first (pass its model)")
-        head = cache.load_head("cpu")
+        head = cache.load_head(device)
         facts.update(ident, source="cache", cache=str(cache.folder))
     if head.vocab_size != seqs.tokenizer["size"]:
         raise ValueError(f"{side.name}: LM head vocabulary {head.vocab_size} != tokenizer "
@@ -827,10 +907,15 @@ def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLik
              suite: str, batch_tokens: int = 8192, chunk_positions: int = 1024, topk: int = 5,
              device: str | torch.device = "cpu", provenance: dict | None = None,
              overwrite: bool = False, compile: bool | None = None,
+             compile_body: bool | None = None,
              max_sequences: int | None = None, progress: bool = True) -> Path | None:
     """Per-token table of (ckpt vs ref) over ``seqs``, plus the hidden-state caches of any
     forwarded side. Resumable; returns the table folder. ``out_dir=None`` only fills the
-    caches (forward_to_cache)."""
+    caches (forward_to_cache).
+
+    compile: fused/compiled metric math (default: yes). compile_body: torch.compile the
+    forwarded models' decoder layers for this run (``compile_layers``; default: on CUDA),
+    undone afterwards; if compiling fails, the run goes on eager with a warning."""
     if chunk_positions < 1 or topk < 0:
         raise ValueError("chunk_positions must be >= 1 and topk >= 0")
     device = torch.device(device)
@@ -853,7 +938,9 @@ def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLik
         warnings.warn("compile=True but torch.compile is unavailable: eager math")
     settings = {"batch_tokens": batch_tokens, "max_sequences": max_sequences,
                 "chunk_positions": chunk_positions, "topk": topk,
-                "device": device.type, "compiled_math": row_fn is not None}
+                "device": device.type, "metric_kernel": divergence.row_fn_kind(row_fn),
+                "compiled_layers": (device.type == "cuda" if compile_body is None
+                                    else bool(compile_body))}
     table = None
     if out_dir is not None:
         table = storage.ShardedTable(out_dir, schemas.TOKENS)
@@ -877,12 +964,17 @@ def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLik
     loader = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlprobe-load")
     writer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlprobe-write")
     pending: list[cf.Future] = []
+    # LM heads of forwarded sides go to their caches alongside the first batches (1 GB at
+    # 8B); the cache is only marked complete (finish) once its head is there
+    head_saver = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlprobe-head")
+    head_saves = [head_saver.submit(c.save_head, h) for s, c, h in zip(sides, caches, heads)
+                  if s.model is not None and c is not None and not c.has_head()]
 
     def load_cached(k: int):
         out = []
         for s, c in zip(sides, caches):
             if s.model is None or (c is not None and c.has(members_of[k])):
-                out.append(c.rows(members_of[k]))
+                out.append(c.rows(members_of[k], pin_memory=device.type == "cuda"))
             else:
                 out.append(None)
         return out
@@ -896,25 +988,43 @@ def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLik
             table.write_shard(batches[k].key,
                               _rows_table(members_of[k], host, suite, ckpt.name, ref.name, topk))
 
+    compiled = {id(s.model): s.model for s in sides
+                if s.model is not None and settings["compiled_layers"]}
+    waits = {"reads": 0.0, "writes": 0.0}
+
+    def forward(model, ids, mask, rows):
+        try:
+            return forward_hidden(model, ids, mask, rows)
+        except Exception as err:  # noqa: BLE001 - a compiler failure: go on eager
+            if id(model) not in compiled:
+                raise
+            warnings.warn(f"compiled decoder layers failed ({err!r}); forwarding eager")
+            compile_layers(compiled.pop(id(model)), enable=False)
+            return forward_hidden(model, ids, mask, rows)
+
     try:
+        for model in compiled.values():
+            compile_layers(model)
         future = loader.submit(load_cached, todo[0]) if todo else None
         bar = tqdm(todo, desc=f"forcing {ckpt.name}" + ("" if out_dir is None else f" vs {ref.name}"),
                    unit="batch", disable=not progress)
         for pos, k in enumerate(bar):
             batch, members = batches[k], members_of[k]
+            t_wait = time.perf_counter()
             cached = future.result()
+            waits["reads"] += time.perf_counter() - t_wait
             future = loader.submit(load_cached, todo[pos + 1]) if pos + 1 < len(todo) else None
             ids = mask = rows = None
             targets = None
             hidden, copies = [], []
             for s, c, h_cached in zip(sides, caches, cached):
                 if h_cached is not None:
-                    hidden.append(h_cached.to(device, non_blocking=False))
+                    hidden.append(_DeviceCopy(h_cached, device))
                     copies.append(None)
                     continue
                 if ids is None:
                     ids, mask, rows, targets = batch_inputs(members, batch.width, device, pad_id)
-                h = forward_hidden(s.model, ids, mask, rows)
+                h = forward(s.model, ids, mask, rows)
                 hidden.append(h)
                 copies.append(_HostCopy(h) if c is not None else None)
             metric_copy = None
@@ -922,19 +1032,27 @@ def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLik
                 if targets is None:
                     targets = torch.tensor([t for s in members for t in s.response_ids],
                                            dtype=torch.long).to(device)
+                hidden = [h.get() if isinstance(h, _DeviceCopy) else h for h in hidden]
                 packed = pair_metrics(hidden[0], hidden[1], heads[0], heads[1], targets,
                                       chunk_positions, topk, row_fn)
                 metric_copy = _HostCopy(packed)
+            t_wait = time.perf_counter()
             while len(pending) >= 2:
                 pending.pop(0).result()
+            waits["writes"] += time.perf_counter() - t_wait
             pending.append(writer.submit(write_batch, k, copies, metric_copy))
             rows_done += sum(s.n_rows for s in members)
             bar.set_postfix(tok_s=f"{rows_done / max(time.perf_counter() - t0, 1e-9):.0f}")
-        for f in pending:
+        t_wait = time.perf_counter()
+        for f in pending + head_saves:
             f.result()
+        waits["writes"] += time.perf_counter() - t_wait
     finally:
         loader.shutdown(wait=True)
         writer.shutdown(wait=True)
+        head_saver.shutdown(wait=True)
+        for model in compiled.values():
+            compile_layers(model, enable=False)
     elapsed = time.perf_counter() - t0
     facts = {
         **seqs.facts(), **settings, "sides": side_facts,
@@ -942,6 +1060,10 @@ def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLik
                                    heads[0]),
         "batches": len(batches), "batches_computed_this_run": len(todo),
         "seconds_this_run": round(elapsed, 3),
+        # the forward loop waiting on the disk (reading cached hidden states / writing)
+        "seconds_waiting_for_reads": round(waits["reads"], 3),
+        "seconds_waiting_for_writes": round(waits["writes"], 3),
+        "compiled_layers_used": bool(compiled),
         "response_tokens_per_s_this_run": round(rows_done / elapsed, 1) if elapsed > 0 else None,
         "torch": torch.__version__,
         "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

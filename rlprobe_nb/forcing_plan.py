@@ -34,6 +34,7 @@ def select_rollouts(rollouts: pd.DataFrame, which: str = "wrong",
 def engine_settings(P: Params) -> dict:
     return dict(suite=P.suite, batch_tokens=P.forcing.batch_tokens,
                 chunk_positions=P.forcing.chunk_positions, topk=P.forcing.topk,
+                compile_body=P.forcing.compile_body,
                 device=models.resolve_device(P.runtime.device))
 
 

@@ -86,6 +86,7 @@ class ForcingParams:
     context_policy: str = "skip"  # skip | error
     pairs: list[list[str]] = field(default_factory=list)
     max_rollouts: Optional[int] = None
+    compile_body: Optional[bool] = None  # torch.compile the decoder layers; None: on CUDA
 
 
 @dataclass

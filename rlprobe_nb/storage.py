@@ -61,6 +61,85 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+# safetensors dtype names of the tensors the engine caches
+_TENSOR_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64"}
+
+
+def write_tensors(path: str | os.PathLike, tensors: dict, metadata: dict | None = None,
+                  host_slices=None) -> Path:
+    """Tensors as one safetensors file (readable by safetensors.safe_open), atomically.
+
+    Written with plain file I/O from the tensors' own memory: no copy, and the GIL is
+    released while the bytes go out, so a background writer does not stall the thread
+    that keeps the GPU busy (safetensors' save_file copies the data and holds the GIL).
+    Device tensors need ``host_slices(tensor)``: an iterator of CPU tensors that together
+    are the tensor's bytes in order (the engine streams a GPU LM head through a small
+    pinned buffer this way).
+    """
+    import torch
+    header, sources, offset = {}, [], 0
+    for name, tensor in tensors.items():
+        dtype = str(tensor.dtype).replace("torch.", "")
+        if dtype not in _TENSOR_DTYPES or (tensor.device.type != "cpu" and host_slices is None):
+            raise TypeError(f"write_tensors takes CPU tensors of {sorted(_TENSOR_DTYPES)}, "
+                            f"got {name!r}: {tensor.dtype} on {tensor.device}")
+        nbytes = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _TENSOR_DTYPES[dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        sources.append(host_slices(tensor) if tensor.device.type != "cpu" else [tensor])
+        offset += nbytes
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the format's 8-byte alignment of the data
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb", buffering=0) as f:
+            f.write(len(blob).to_bytes(8, "little") + blob)
+            for source in sources:
+                for part in source:
+                    view = memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy())
+                    while view.nbytes:
+                        view = view[f.write(view):]
+        if os.path.getsize(tmp) != 8 + len(blob) + offset:
+            raise RuntimeError(f"internal: {path} would have {os.path.getsize(tmp)} bytes, "
+                               f"the header says {8 + len(blob) + offset}")
+    return Path(path)
+
+
+def read_tensors(path: str | os.PathLike, names: list[str] | None = None,
+                 pin_memory: bool = False) -> tuple[dict, dict]:
+    """(tensors, metadata) of a safetensors file, each tensor read straight into a fresh
+    (optionally pinned) CPU tensor with the GIL released during the read."""
+    import torch
+    dtypes = {v: k for k, v in _TENSOR_DTYPES.items()}
+    out = {}
+    with open(path, "rb", buffering=0) as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        meta = header.pop("__metadata__", {}) or {}
+        for name in names if names is not None else list(header):
+            if name not in header:
+                raise KeyError(f"{path} holds no tensor {name!r} (has {sorted(header)})")
+            entry = header[name]
+            if entry["dtype"] not in dtypes:
+                raise TypeError(f"{path}: tensor dtype {entry['dtype']} not supported here")
+            t = torch.empty(entry["shape"], dtype=getattr(torch, dtypes[entry["dtype"]]),
+                            pin_memory=pin_memory)
+            start, end = entry["data_offsets"]
+            buf = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+            if buf.nbytes != end - start:
+                raise ValueError(f"{path}: {name} has {end - start} bytes in the header, "
+                                 f"{buf.nbytes} by its shape")
+            f.seek(8 + size + start)
+            while buf.nbytes:
+                got = f.readinto(buf)
+                if not got:
+                    raise EOFError(f"{path} is truncated")
+                buf = buf[got:]
+            out[name] = t
+    return out, meta
+
+
 def to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
     """Convert with the schema's exact columns and types; name what is missing or extra."""
     have, want = list(df.columns), schema.names

@@ -301,3 +301,28 @@ def test_demo_tokenizer_spans_and_prompt():
     assert "".join(text[a:b] for a, b in zip(s.char_start, s.char_end)) == text
     assert s.char_start[-1] == s.char_end[-1] == len(text) and s.tokens[-1] == tok.eos_token
     assert list(s.row_positions())[0] == len(prompt) - 1 and s.n_rows == len(ids)
+
+
+def test_compiled_decoder_layers_match_eager_and_are_undone(world, tmp_path):
+    """compile_body (the CUDA default), here on the CPU: the same table up to rounding,
+    recorded in the manifest, and the caller's models left uncompiled.
+
+    Float64 bodies, yet the two differ by ~1e-5 in the hidden states: HF's RMSNorm rounds
+    its input to float32 in eager mode, while Inductor keeps float64 through the cast
+    pair (``emulate_precision_casts`` is off). A real fault (mask, rows, positions) would
+    move the metrics by O(0.1-1); rounding moves them by < 1e-4."""
+    tok, _, _, seqs, P, Q = world
+    P, Q = copy.deepcopy(P).double(), copy.deepcopy(Q).double()
+    kw = {**KW, "batch_tokens": 256}
+    eager = _run(seqs, forcing.Side("P", P), forcing.Side("Q", Q), tmp_path / "eager", **kw)
+    out = forcing.run_pair(seqs, forcing.Side("P", P), forcing.Side("Q", Q), tmp_path / "comp",
+                           compile_body=True, **kw)
+    compiled = storage.read_table(out)
+    assert storage.read_manifest(out)["engine"]["compiled_layers_used"] is True
+    assert len(compiled) == len(eager) and compiled["rollout_id"].equals(eager["rollout_id"])
+    for name in METRICS:
+        err = relative_error(torch.tensor(compiled[name].to_numpy()),
+                             torch.tensor(eager[name].to_numpy()), FLOOR.get(name, 1e-6))
+        assert err.max() < 5e-4, (name, err.max())
+    for model in (P, Q):
+        assert all(layer._compiled_call_impl is None for layer in forcing.decoder_of(model).layers)

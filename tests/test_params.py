@@ -71,6 +71,15 @@ def test_bool_is_not_an_integer(params_copy):
         params.load("demo")
 
 
+def test_compile_body_is_true_false_or_unset(params_copy):
+    assert params.load("demo").forcing.compile_body is None  # the engine decides: on CUDA
+    edit(params_copy / "demo" / "suite.yaml", lambda d: d["forcing"].update(compile_body=False))
+    assert params.load("demo").forcing.compile_body is False
+    edit(params_copy / "demo" / "suite.yaml", lambda d: d["forcing"].update(compile_body="yes"))
+    with pytest.raises(params.ParamsError, match="forcing.compile_body.*true/false"):
+        params.load("demo")
+
+
 def test_bad_choice_lists_valid_values(params_copy):
     edit(params_copy / "demo" / "suite.yaml", lambda d: d["forcing"].update(which="incorrect"))
     with pytest.raises(params.ParamsError, match=r"forcing.which.*\['wrong', 'right', 'all'\]"):

@@ -69,3 +69,63 @@ def test_finish_refuses_missing_shards(tmp_path):
     table.write_shard("00000", frame(1))
     with pytest.raises(RuntimeError, match="1 shards missing"):
         table.finish({}, expected=["00000", "00001"])
+
+
+def test_tensor_files_round_trip_and_are_safetensors(tmp_path):
+    import torch
+    from safetensors import safe_open
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"hidden": torch.randn(37, 24, generator=g).to(torch.bfloat16),
+               "bias": torch.randn(5, generator=g, dtype=torch.float64)}
+    path = storage.write_tensors(tmp_path / "h.safetensors", tensors, {"rollout_ids": '["a"]'})
+    back, meta = storage.read_tensors(path)
+    assert meta == {"rollout_ids": '["a"]'}
+    assert all(torch.equal(back[k], tensors[k]) and back[k].dtype == tensors[k].dtype
+               for k in tensors)
+    with safe_open(str(path), framework="pt") as f:  # the library reads our files
+        assert f.metadata() == meta
+        assert torch.equal(f.get_slice("hidden")[3:9], tensors["hidden"][3:9])
+        assert torch.equal(f.get_tensor("bias"), tensors["bias"])
+    only, _ = storage.read_tensors(path, ["bias"])
+    assert list(only) == ["bias"]
+    with pytest.raises(KeyError, match="no tensor 'nope'"):
+        storage.read_tensors(path, ["nope"])
+
+
+def test_tensor_file_refusals_leave_nothing_behind(tmp_path):
+    import torch
+
+    storage.write_tensors(tmp_path / "x.safetensors", {"a": torch.ones(3)})
+    with pytest.raises(TypeError, match="CPU tensors"):
+        storage.write_tensors(tmp_path / "x.safetensors", {"a": torch.ones(3, dtype=torch.int64)})
+    back, _ = storage.read_tensors(tmp_path / "x.safetensors")
+    assert torch.equal(back["a"], torch.ones(3))  # the old file is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.safetensors"]
+    blob = (tmp_path / "x.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(blob[:-4])
+    with pytest.raises(EOFError, match="truncated"):
+        storage.read_tensors(tmp_path / "cut.safetensors")
+
+
+def test_device_tensors_are_streamed_through_host_slices(tmp_path):
+    import torch
+
+    real = torch.randn(6, 5, dtype=torch.float32)
+    on_device = real.to("meta")  # stands in for a GPU tensor: no host data of its own
+    flat = real.reshape(-1)
+
+    def slices(t, step=7):
+        assert t is on_device
+        return (flat[s:s + step] for s in range(0, flat.numel(), step))
+
+    path = storage.write_tensors(tmp_path / "head.safetensors", {"weight": on_device},
+                                 host_slices=slices)
+    back, _ = storage.read_tensors(path)
+    assert torch.equal(back["weight"], real)
+    with pytest.raises(TypeError, match="CPU tensors"):  # a device tensor needs host_slices
+        storage.write_tensors(tmp_path / "x.safetensors", {"weight": on_device})
+    with pytest.raises(RuntimeError, match="header says"):  # a short stream is refused
+        storage.write_tensors(tmp_path / "short.safetensors", {"weight": on_device},
+                              host_slices=lambda t: iter([flat[:10]]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head.safetensors"]

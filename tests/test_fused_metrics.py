@@ -1,0 +1,109 @@
+"""The fused Triton reductions (CUDA's metric path) against float64 and the torch path.
+
+Triton's interpreter runs the kernel on the CPU; it must be switched on before the kernel
+module is imported, so the checks run in a fresh interpreter process and report back as
+JSON. The GPU build (libdevice transcendentals) is checked the same way against float64
+in benchmarks/bench_engine.py on the card itself.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+CHECKS = textwrap.dedent('''
+    import json, math, torch
+    from rlprobe_nb import divergence, fused_metrics
+    from rlprobe_nb.divergence import reference_metrics_f64, relative_error, token_metrics
+    assert fused_metrics.INTERPRETED
+    FLOOR = {"kl_ckpt_ref": 0.03, "kl_ref_ckpt": 0.03, "js": 0.03}
+    ROW = divergence.FLOAT_METRICS + divergence.INT_METRICS
+    fused = divergence.fused_row_fn
+    small_blocks = lambda *a: divergence.fused_row_fn(*a, block=512)
+    out = {}
+
+    def pair(n, v, scale, noise, seed):
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randn(n, v, generator=g) * scale
+        return a, a + torch.randn(n, v, generator=g) * noise, torch.randint(0, v, (n,), generator=g)
+
+    for scale, noise in [(1.0, 0.3), (3.0, 0.5), (20.0, 1.0), (3.0, 0.05)]:
+        a, b, t = pair(24, 3000, scale, noise, 1)   # 3000 = 5 blocks of 512 + a tail of 440
+        want = reference_metrics_f64(torch.log_softmax(a.double(), -1),
+                                     torch.log_softmax(b.double(), -1), t, a.double(), b.double())
+        got = token_metrics(a, b, t, topk=3, row_fn=small_blocks)
+        eager = token_metrics(a, b, t, topk=3)
+        out[f"f64 {scale}/{noise}"] = {m: relative_error(got[m], want[m], FLOOR.get(m, 1e-12)).max().item()
+                                      for m in ROW}
+        out[f"eager {scale}/{noise}"] = {m: (got[m].double() - eager[m].double()).abs().max().item()
+                                        for m in ROW + divergence.TOPK_METRICS}
+        out[f"median kl {scale}/{noise}"] = want["kl_ckpt_ref"].median().item()
+
+    a, b, t = pair(8, 1000, 3.0, 0.5, 2)
+    same = token_metrics(a, a.clone(), t, topk=0, row_fn=fused)
+    out["self"] = [same[m].abs().max().item() for m in ("kl_ckpt_ref", "kl_ref_ckpt", "js")]
+    fwd = token_metrics(a, b, t, topk=0, row_fn=fused)
+    rev = token_metrics(b, a, t, topk=0, row_fn=fused)
+    out["swap"] = [torch.equal(fwd["kl_ckpt_ref"], rev["kl_ref_ckpt"]),
+                   torch.equal(fwd["kl_ref_ckpt"], rev["kl_ckpt_ref"]),
+                   torch.equal(fwd["js"], rev["js"])]
+    # disjoint peaks: d of +-80 and beyond in both JS branches, KL large, JS near ln 2
+    x = torch.full((2, 700), -60.0); y = torch.full((2, 700), -60.0)
+    x[:, 3] = 40.0; y[:, 5] = 40.0
+    ext = token_metrics(x, y, torch.tensor([3, 5]), topk=0, row_fn=fused)
+    want = reference_metrics_f64(torch.log_softmax(x.double(), -1), torch.log_softmax(y.double(), -1),
+                                 torch.tensor([3, 5]), x.double(), y.double())
+    out["extreme"] = {m: relative_error(ext[m], want[m], 1e-12).max().item()
+                      for m in ("kl_ckpt_ref", "kl_ref_ckpt", "js", "logp_ckpt", "logp_ref")}
+    out["extreme js vs ln2"] = (math.log(2) - ext["js"].double()).abs().max().item()
+    # ties: rank counts strictly larger logits only
+    z = torch.tensor([[1.0, 3.0, 3.0, 0.5, 2.0]] * 5)
+    r = token_metrics(z, z, torch.tensor([1, 2, 4, 0, 3]), topk=0, row_fn=fused)
+    out["ranks"] = r["rank_ckpt"].tolist()
+    print(json.dumps(out))
+''')
+
+
+@pytest.fixture(scope="module")
+def results():
+    assert importlib.util.find_spec("triton"), "triton missing: pip install -e '.[test]'"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", CHECKS], cwd=root, env=env, text=True,
+                          capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", ["1.0/0.3", "3.0/0.5", "20.0/1.0"])
+def test_fused_matches_float64_within_1e5_relative(results, case):
+    errors = results[f"f64 {case}"]
+    assert max(errors.values()) < 1e-5, errors
+    assert results[f"median kl {case}"] > 1e-3  # the divergences are not negligible
+
+
+def test_fused_js_near_identical_distributions(results):
+    # |d| < 1 almost everywhere: the polynomial branch of the JS term carries the sum
+    errors = results["f64 3.0/0.05"]
+    assert max(errors.values()) < 1e-5, errors  # 1e-5 relative, 3e-7 absolute below 0.03
+
+
+@pytest.mark.parametrize("case", ["1.0/0.3", "3.0/0.5", "20.0/1.0", "3.0/0.05"])
+def test_fused_agrees_with_the_torch_path(results, case):
+    diffs = results[f"eager {case}"]
+    # same formulas in fp32 with float64 sums: differences are rounding-level only
+    assert max(v for k, v in diffs.items() if not k.startswith(("rank", "topk_ids"))) < 1e-5, diffs
+    assert all(diffs[k] == 0 for k in ("rank_ckpt", "rank_ref", "topk_ids_ckpt", "topk_ids_ref"))
+
+
+def test_fused_exact_zeros_swap_ties_and_extremes(results):
+    assert results["self"] == [0.0, 0.0, 0.0]
+    assert results["swap"] == [True, True, True]
+    assert max(results["extreme"].values()) < 1e-5, results["extreme"]
+    assert results["extreme js vs ln2"] < 1e-6
+    assert results["ranks"] == [1, 1, 3, 4, 5]
