@@ -522,6 +522,13 @@ def compile_layers(model, enable: bool = True) -> int:
     return len(layers)
 
 
+def layers_compiled(model) -> bool:
+    """Whether any decoder layer of the model is compiled (by compile_layers or the user)."""
+    body = decoder_of(model)
+    return any(getattr(m, "_compiled_call_impl", None) is not None
+               for m in getattr(body, "layers", []))
+
+
 def forward_hidden(model, ids: torch.Tensor, mask: torch.Tensor | None,
                    rows: torch.Tensor) -> torch.Tensor:
     """Final normed hidden states [n_rows, hidden] at the given flat positions (body only:
@@ -988,13 +995,17 @@ def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLik
             table.write_shard(batches[k].key,
                               _rows_table(members_of[k], host, suite, ckpt.name, ref.name, topk))
 
+    # models whose layers the caller compiled already are left as they are
     compiled = {id(s.model): s.model for s in sides
-                if s.model is not None and settings["compiled_layers"]}
+                if s.model is not None and settings["compiled_layers"]
+                and not layers_compiled(s.model)}
     waits = {"reads": 0.0, "writes": 0.0}
 
     def forward(model, ids, mask, rows):
         try:
             return forward_hidden(model, ids, mask, rows)
+        except torch.OutOfMemoryError:
+            raise
         except Exception as err:  # noqa: BLE001 - a compiler failure: go on eager
             if id(model) not in compiled:
                 raise

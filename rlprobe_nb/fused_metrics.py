@@ -1,10 +1,12 @@
 """The vocabulary reductions of divergence.token_metrics as one Triton kernel (CUDA).
 
-Why a hand-written kernel: at vocabulary 128k the metric math is a handful of
-memory-bound passes over two [chunk, V] float32 logit blocks, and torch.compile's fused
-version still spent ~3 ms per 1024 positions on an H200 (about 7 % of the engine's time
-for one more checkpoint). This kernel reads each row of P and Q three times (max and
-rank; sum of exp; the divergence sums) and writes a few scalars per row.
+Why a hand-written kernel: at vocabulary 128k the metric math is a few passes over two
+[chunk, V] float32 logit blocks, and the torch.compile'd version of it took ~3.8 ms per
+1024 positions on an H200 (top-k included; 12 % of the engine's time for one more
+checkpoint with compiled layers). This kernel reads each row of P and Q three times (max,
+rank and top-k block maxima; sum of exp; the divergence sums), writes a few scalars per
+row, and with top-k takes ~2.4 ms per 1024 positions (benchmarks/bench_engine.py, "part:
+metric math"). It is bound by its transcendentals, not by memory.
 
 It computes what ``divergence._row_metrics`` computes, term for term: the same max-shifted
 logits z, the same d = (z_p - z_q) - fp32(logsum_p - logsum_q) (so identical inputs give 0

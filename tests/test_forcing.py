@@ -324,5 +324,9 @@ def test_compiled_decoder_layers_match_eager_and_are_undone(world, tmp_path):
         err = relative_error(torch.tensor(compiled[name].to_numpy()),
                              torch.tensor(eager[name].to_numpy()), FLOOR.get(name, 1e-6))
         assert err.max() < 5e-4, (name, err.max())
-    for model in (P, Q):
-        assert all(layer._compiled_call_impl is None for layer in forcing.decoder_of(model).layers)
+    assert not forcing.layers_compiled(P) and not forcing.layers_compiled(Q)
+    # layers the caller compiled stay compiled: the engine neither recompiles nor undoes them
+    forcing.compile_layers(P)
+    forcing.run_pair(seqs, forcing.Side("P", P), forcing.Side("Q", Q), tmp_path / "own",
+                     compile_body=True, **kw)
+    assert forcing.layers_compiled(P) and not forcing.layers_compiled(Q)

@@ -65,6 +65,8 @@ CHECKS = textwrap.dedent('''
     z = torch.tensor([[1.0, 3.0, 3.0, 0.5, 2.0]] * 5)
     r = token_metrics(z, z, torch.tensor([1, 2, 4, 0, 3]), topk=0, row_fn=fused)
     out["ranks"] = r["rank_ckpt"].tolist()
+    # the engine's own check before it trusts the kernel on a device (all outputs, top-k too)
+    out["self_check"] = divergence._fused_ok(torch.device("cpu"))
     print(json.dumps(out))
 ''')
 
@@ -107,3 +109,4 @@ def test_fused_exact_zeros_swap_ties_and_extremes(results):
     assert max(results["extreme"].values()) < 1e-5, results["extreme"]
     assert results["extreme js vs ln2"] < 1e-6
     assert results["ranks"] == [1, 1, 3, 4, 5]
+    assert results["self_check"] is True
