@@ -124,11 +124,11 @@ def run_scenario(name, P, Q, seqs, args, device, timer, row_fn, torch_fn):
     def one_more_checkpoint(chunk=args.chunk, fn=row_fn):
         copies = []
         for (ids, mask, idx, tgt), hq_host in zip(inputs, cached_q):
-            h_q = forcing._DeviceCopy(hq_host, device)  # on the copy stream
+            h_q = forcing.DeviceCopy(hq_host, device)  # on the copy stream
             h_p = forcing.forward_hidden(P, ids, mask, idx)
             packed = forcing.pair_metrics(h_p, h_q.get(), head_p, head_q, tgt, chunk,
                                           args.topk, fn)
-            copies += [forcing._HostCopy(h_p), forcing._HostCopy(packed)]
+            copies += [forcing.HostCopy(h_p), forcing.HostCopy(packed)]
         for c in copies:
             c.get()
 
@@ -169,7 +169,7 @@ def run_scenario(name, P, Q, seqs, args, device, timer, row_fn, torch_fn):
             h_p = forcing.forward_hidden(P, ids, mask, idx)
             packed = forcing.pair_metrics(h_p, h_q, head_p, head_q, tgt, args.chunk,
                                           args.topk, row_fn)
-            copies += [forcing._HostCopy(h_p), forcing._HostCopy(h_q), forcing._HostCopy(packed)]
+            copies += [forcing.HostCopy(h_p), forcing.HostCopy(h_q), forcing.HostCopy(packed)]
         for c in copies:
             c.get()
 

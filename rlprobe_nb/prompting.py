@@ -35,3 +35,17 @@ def prompt_ids(tokenizer, problem: str, template: str = DEFAULT_TEMPLATE) -> lis
     if bos is not None and len(ids) > 1 and ids[0] == bos and ids[1] == bos:
         raise ValueError("chat template produced two BOS tokens; fix the tokenizer config")
     return ids
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of a response known only as text (imported from elsewhere): tokenized on
+    its own, no special tokens added, and special-token *text* in it (a literal
+    ``<|im_end|>`` written by a model or a person) encoded as ordinary text, never turned
+    into the special token itself."""
+    ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return [int(i) for i in ids]
+
+
+def special_token_texts(tokenizer, text: str) -> list[str]:
+    """The special-token strings that occur literally in ``text``."""
+    return sorted({t for t in getattr(tokenizer, "all_special_tokens", []) if t and t in text})

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
 import platform
 import subprocess
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Optional
 
 from . import __version__, paths
@@ -49,12 +51,37 @@ def sha256_text(text: Optional[str]) -> Optional[str]:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def sha256_file(path, chunk: int = 1 << 20) -> str:
+def sha256_file(path, chunk: int = 8 << 20) -> str:
+    """sha256 of a file, remembered in the cache folder by (path, size, mtime, inode): a
+    16 GB checkpoint is hashed once, and again only when its file changes."""
+    path = Path(path).resolve()
+    st = path.stat()
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    memo_file = paths.cache_dir() / "file_hashes.json"
+    memo = _read_memo(memo_file)
+    hit = memo.get(str(path))
+    if hit and hit[:3] == stamp:
+        return hit[3]
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(path, "rb", buffering=0) as f:
         while block := f.read(chunk):
             h.update(block)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    memo = _read_memo(memo_file)  # another process may have added entries meanwhile
+    memo[str(path)] = stamp + [digest]
+    try:
+        from .storage import atomic_write_json
+        atomic_write_json(memo_file, memo)
+    except OSError:  # a read-only cache folder: hash again next time
+        pass
+    return digest
+
+
+def _read_memo(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
 
 
 def manifest(params=None, models: Optional[list[dict]] = None, seeds: Optional[dict] = None,

@@ -1,8 +1,8 @@
 """One schema per table, defined once. Every table the book writes is checked against
 its schema here, so a column is renamed in one place or not at all.
 
-Natural logs (nats) throughout. The per-token table's columns are the contract of
-BOOK.md §4; columns may be added, none renamed without a note here.
+Natural logs (nats) throughout. The per-token table's columns are a contract that every
+chapter reads: columns may be added, none renamed without a note here.
 """
 
 from __future__ import annotations
@@ -81,29 +81,47 @@ ROLLOUTS = pa.schema(
 )
 
 # Row k is the prediction of response token k: logits at position prompt_len + k - 1.
-# P = checkpoint, Q = reference. k1, k2, k3 estimate KL(Q||P) from the forced tokens,
-# which were sampled from Q: with log r = logp_ckpt - logp_ref,
-# k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r.
+# P = checkpoint, Q = reference; natural logs. Every KL is named by its direction:
+#   kl_ref_ckpt = KL(ref||ckpt) = sum_v q (log q - log p): how surprised the checkpoint is,
+#     on average, by what the reference would write next;
+#   kl_ckpt_ref = KL(ckpt||ref) = sum_v p (log p - log q): how surprised the reference is
+#     by what the checkpoint would write next.
+# dlogp = logp_ckpt - logp_ref is the signed change on the token actually written
+# (> 0: the checkpoint endorses it more than the reference, < 0: it rejects it).
+# k1, k2, k3 are Schulman's sampled-token functions of log r = logp_ckpt - logp_ref:
+# k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r. Their mean over tokens x drawn
+# from the reference *at temperature 1* estimates KL(ref||ckpt) (k1, k3 unbiased, k2
+# biased); over tokens drawn at temperature T != 1 (as rollouts usually are) or from
+# any other distribution they estimate E_{x ~ q_T}[k(x)], which is not KL(ref||ckpt).
+# The `temperature` column says which T drew each row's token.
 TOKENS = pa.schema(
     [
         ("suite", _str),
         ("checkpoint", _str),
         ("reference", _str),
+        ("group", _str),  # "target" | "ref_right" | "control" (see forcing_plan)
         ("problem_id", _str),
         ("rollout_id", _str),
+        ("failure_type", _str),  # of the rollout: see rollouts.FAILURE_TYPES
+        ("temperature", _f32),  # the rollout's sampling temperature; NaN when imported
         ("pos", _i32),
         ("token_id", _i32),
         ("token", _str),
         ("char_start", _i32),
         ("char_end", _i32),
+        ("first_token", _bool),  # pos == 0: depends on the prompt alone
+        ("is_eos", _bool),  # the end-of-sequence token the model wrote
+        ("context_id", _i64),  # hash of prompt + response[:pos]: equal ids, same test
+        ("shared_context", _bool),  # the context occurs in more than one forced rollout
         ("logp_ckpt", _f32),
         ("logp_ref", _f32),
+        ("dlogp", _f32),  # logp_ckpt - logp_ref
         ("rank_ckpt", _i32),  # 1 = the model's top choice
         ("rank_ref", _i32),
         ("entropy_ckpt", _f32),
         ("entropy_ref", _f32),
-        ("kl_ckpt_ref", _f32),  # D(ckpt || ref), forward
-        ("kl_ref_ckpt", _f32),  # D(ref || ckpt), reverse
+        ("kl_ckpt_ref", _f32),  # KL(ckpt||ref)
+        ("kl_ref_ckpt", _f32),  # KL(ref||ckpt)
         ("js", _f32),
         ("k1", _f32),
         ("k2", _f32),

@@ -1,47 +1,105 @@
-"""Tables on disk: parquet with an explicit schema, written atomically, with a manifest.
+"""Tables on disk: parquet with an explicit schema, written atomically, verified on read.
 
-A table is a folder: ``part-*.parquet`` files plus ``manifest.json``. The manifest is
-written last, so a folder without one is unfinished and is never read as a result.
-Large tables are written in shards keyed by the unit of work; a rerun skips shards that
-are complete, so an interrupted run resumes without lost or duplicated rows.
+A table is a folder of parts plus ``_manifest.json``::
+
+    data/demo/rollouts/
+        part-00000.3f9a1c0b2e4d5f67.parquet     the rows (the name carries the first 16
+        _manifest.json                           hex digits of the file's sha256)
+
+Standard readers work on the folder as it is (``pd.read_parquet(folder)``,
+``pyarrow.dataset.dataset(folder)``): they skip names that start with ``_`` or ``.``.
+
+The manifest is written last, so a folder without one is unfinished and never read as a
+result. It records the table's *key* (everything its content depends on, see
+``rlprobe_nb.keys``), the parts with their row counts and checksums, and the columns that
+identify a row. ``read_table`` verifies all of it before returning a row: the parts on
+disk are exactly the listed ones, each has its rows and its checksum, and no row appears
+twice. A failed check names the file and refuses (DamagedTableError).
+
+Large tables are written in shards keyed by their unit of work (``ShardedTable``); a rerun
+skips finished shards, so an interrupted run resumes without lost or duplicated rows. One
+writer at a time: a writer holds an advisory lock on ``_lock`` (released when its process
+ends, however it ends) and a second process is refused with the holder named.
+
+Files are written through a private temporary file renamed into place, with the mode the
+umask gives a new file (``tempfile`` alone would leave 0600).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import re
+import socket
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-MANIFEST = "manifest.json"
+MANIFEST = "_manifest.json"
 RUN_FILE = "_run.json"
+LOCK_FILE = "_lock"
+_PART_RE = re.compile(r"part-(?P<key>.+)\.(?P<sha>[0-9a-f]{16})\.parquet\Z")
+
+
+class DamagedTableError(RuntimeError):
+    """A table on disk does not match its manifest (missing, extra or altered files)."""
+
+
+class StaleTableError(RuntimeError):
+    """A table was computed from other inputs than the current ones."""
+
+
+class TableBusyError(RuntimeError):
+    """Another process is writing the table."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()
+DIR_MODE = 0o777 & ~_umask()
+
+
+class _TempPath(type(Path())):
+    final: Path  # where the file went (set on success)
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it over ``path``.
+def atomic_path(path: str | os.PathLike, content_named: bool = False) -> Iterator[Path]:
+    """Yield a private temporary path beside ``path``; on success rename it over ``path``.
 
-    On any error the temporary file is removed and ``path`` keeps its old content.
+    With ``content_named``, the file goes to ``<stem>.<first 16 hex of its sha256><suffix>``
+    instead (``tmp.final`` says where). On any error the temporary file is removed and the
+    destination keeps its old content.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Hidden, and ending in the target's suffix so writers that check it (papermill) agree.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}",
-                               dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}",
+                                dir=path.parent)
     os.close(fd)
-    tmp = Path(tmp)
+    tmp = _TempPath(name)
     try:
         yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        final = path
+        if content_named:
+            final = path.with_name(f"{path.stem}.{sha256_of(tmp)[:16]}{path.suffix}")
+        os.chmod(tmp, FILE_MODE)
+        os.replace(tmp, final)
+        tmp.final = final
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -61,13 +119,82 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+def sha256_of(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(chunk):
+            h.update(block)  # releases the GIL for large blocks
+    return h.hexdigest()
+
+
+def fingerprint(obj: Any) -> str:
+    """A stable short hash of JSON-able inputs (parameters, ids)."""
+    blob = json.dumps(obj, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- locks
+
+_HELD: dict[str, list] = {}  # folder -> [fd, depth]: this process's locks (re-entrant)
+
+
+@contextlib.contextmanager
+def writer_lock(folder: str | os.PathLike, what: str = "") -> Iterator[None]:
+    """Hold the folder's writer lock for the block. Another process holding it is named in
+    a TableBusyError; the same process may re-enter (a notebook cell rerun after an error)."""
+    release = acquire_lock(folder, what)
+    try:
+        yield
+    finally:
+        release()
+
+
+def acquire_lock(folder: str | os.PathLike, what: str = ""):
+    """Take the folder's writer lock; returns the function that releases it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = str(folder.resolve())
+    if name in _HELD:
+        _HELD[name][1] += 1
+    else:
+        path = folder / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise TableBusyError(f"{folder} is being written by {holder}; wait for that run "
+                                 "to end (or stop it), then rerun") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')} {what}".strip().encode())
+        _HELD[name] = [fd, 1]
+
+    def release() -> None:
+        entry = _HELD.get(name)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _HELD[name]
+            os.close(entry[0])  # closing the descriptor drops the flock
+
+    return release
+
+
+# --------------------------------------------------------------------------- tensor files
+
 # safetensors dtype names of the tensors the engine caches
 _TENSOR_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64"}
 
 
 def write_tensors(path: str | os.PathLike, tensors: dict, metadata: dict | None = None,
-                  host_slices=None) -> Path:
-    """Tensors as one safetensors file (readable by safetensors.safe_open), atomically.
+                  host_slices=None, content_named: bool = False) -> Path:
+    """Tensors as one safetensors file (readable by safetensors.safe_open), atomically;
+    returns where it went. ``content_named``: the file goes to
+    ``<stem>.<first 16 hex of its sha256>.safetensors`` instead, the digest taken from the
+    bytes as they go out (no second read).
 
     Written with plain file I/O from the tensors' own memory: no copy, and the GIL is
     released while the bytes go out, so a background writer does not stall the thread
@@ -92,34 +219,75 @@ def write_tensors(path: str | os.PathLike, tensors: dict, metadata: dict | None 
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the format's 8-byte alignment of the data
-    with atomic_path(path) as tmp:
+    digest = hashlib.sha256()
+    with _atomic_tensor_path(path, digest, content_named) as tmp:
         with open(tmp, "wb", buffering=0) as f:
-            f.write(len(blob).to_bytes(8, "little") + blob)
+            head = len(blob).to_bytes(8, "little") + blob
+            digest.update(head)
+            f.write(head)
             for source in sources:
                 for part in source:
                     view = memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy())
+                    digest.update(view)
                     while view.nbytes:
                         view = view[f.write(view):]
+            os.fsync(f.fileno())
         if os.path.getsize(tmp) != 8 + len(blob) + offset:
             raise RuntimeError(f"internal: {path} would have {os.path.getsize(tmp)} bytes, "
                                f"the header says {8 + len(blob) + offset}")
-    return Path(path)
+    return tmp.final
+
+
+@contextlib.contextmanager
+def _atomic_tensor_path(path, digest, content_named: bool) -> Iterator[Path]:
+    """atomic_path whose content name comes from the running digest (no second read)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp.safetensors",
+                                dir=path.parent)
+    os.close(fd)
+    tmp = _TempPath(name)
+    try:
+        yield tmp
+        final = (path.with_name(f"{path.stem}.{digest.hexdigest()[:16]}{path.suffix}")
+                 if content_named else path)
+        os.chmod(tmp, FILE_MODE)
+        os.replace(tmp, final)
+        tmp.final = final
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def read_tensors(path: str | os.PathLike, names: list[str] | None = None,
-                 pin_memory: bool = False) -> tuple[dict, dict]:
+                 pin_memory: bool = False, sha256: str | None = None) -> tuple[dict, dict]:
     """(tensors, metadata) of a safetensors file, each tensor read straight into a fresh
-    (optionally pinned) CPU tensor with the GIL released during the read."""
+    (optionally pinned) CPU tensor with the GIL released during the read.
+
+    With ``sha256`` (a full digest or a prefix of it) the whole file is read and checked:
+    a file altered after it was written raises DamagedTableError.
+    """
     import torch
     dtypes = {v: k for k, v in _TENSOR_DTYPES.items()}
     out = {}
+    digest = hashlib.sha256() if sha256 else None
     with open(path, "rb", buffering=0) as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
+        raw = f.read(8)
+        size = int.from_bytes(raw, "little")
+        head = f.read(size)
+        if len(raw) < 8 or len(head) < size:
+            raise EOFError(f"{path} is truncated")
+        header = json.loads(head)
         meta = header.pop("__metadata__", {}) or {}
-        for name in names if names is not None else list(header):
+        entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
+        wanted = names if names is not None else [n for n, _ in entries]
+        for name in wanted:
             if name not in header:
                 raise KeyError(f"{path} holds no tensor {name!r} (has {sorted(header)})")
+        if digest is not None:  # verify: read every tensor, in file order
+            digest.update(raw + head)
+            wanted_set, wanted = set(wanted), [n for n, _ in entries]
+        for name in wanted:
             entry = header[name]
             if entry["dtype"] not in dtypes:
                 raise TypeError(f"{path}: tensor dtype {entry['dtype']} not supported here")
@@ -131,14 +299,25 @@ def read_tensors(path: str | os.PathLike, names: list[str] | None = None,
                 raise ValueError(f"{path}: {name} has {end - start} bytes in the header, "
                                  f"{buf.nbytes} by its shape")
             f.seek(8 + size + start)
-            while buf.nbytes:
-                got = f.readinto(buf)
+            view = buf
+            while view.nbytes:
+                got = f.readinto(view)
                 if not got:
                     raise EOFError(f"{path} is truncated")
-                buf = buf[got:]
+                view = view[got:]
+            if digest is not None:
+                digest.update(buf)
+                if name not in wanted_set:
+                    continue
             out[name] = t
+        if digest is not None and (f.read(1) or not digest.hexdigest().startswith(sha256)):
+            raise DamagedTableError(f"{path} does not match the checksum it was written with "
+                                    "(altered or damaged since): delete it and rerun to "
+                                    "recompute it")
     return out, meta
 
+
+# --------------------------------------------------------------------------- parquet tables
 
 def to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
     """Convert with the schema's exact columns and types; name what is missing or extra."""
@@ -153,34 +332,82 @@ def to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
 def write_parquet(path: str | os.PathLike, df: pd.DataFrame | pa.Table,
                   schema: pa.Schema) -> Path:
     """Write a DataFrame (converted with the schema) or an Arrow table of exactly the schema."""
-    if isinstance(df, pa.Table):
-        if not df.schema.equals(schema):
-            raise ValueError(f"table schema differs from the expected one:\n{df.schema}\nvs\n{schema}")
-        table = df
-    else:
-        table = to_arrow(df, schema)
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
+        pq.write_table(_as_table(df, schema), tmp)
     return Path(path)
 
 
-def fingerprint(obj: Any) -> str:
-    """A stable hash of JSON-able inputs (parameters, ids), to detect a changed rerun."""
-    blob = json.dumps(obj, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+def _as_table(df: pd.DataFrame | pa.Table, schema: pa.Schema) -> pa.Table:
+    if isinstance(df, pa.Table):
+        if not df.schema.equals(schema):
+            raise ValueError(f"table schema differs from the expected one:\n{df.schema}\nvs\n{schema}")
+        return df
+    return to_arrow(df, schema)
+
+
+def _write_part(folder: Path, key: str, df: pd.DataFrame | pa.Table, schema: pa.Schema) -> Path:
+    """One part, named by its key and the first 16 hex digits of its sha256."""
+    table = _as_table(df, schema)
+    for old in folder.glob(f"part-{glob_escape(key)}.*.parquet"):
+        old.unlink()
+    with atomic_path(folder / f"part-{key}.parquet", content_named=True) as tmp:
+        pq.write_table(table, tmp)
+    return tmp.final
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def parts_on_disk(folder: str | os.PathLike) -> dict[str, Path]:
+    """key -> part file, for every finished part in the folder."""
+    out = {}
+    for p in Path(folder).glob("part-*.parquet"):
+        m = _PART_RE.match(p.name)
+        if m:
+            out[m["key"]] = p
+    return out
+
+
+def _part_entries(folder: Path, keys: Iterable[str]) -> list[dict]:
+    on_disk = parts_on_disk(folder)
+    entries = []
+    for key in keys:
+        path = on_disk[key]
+        sha = sha256_of(path)
+        if not sha.startswith(_PART_RE.match(path.name)["sha"]):
+            raise DamagedTableError(f"{path} changed after it was written (its checksum no "
+                                    "longer matches its name): delete it and rerun")
+        entries.append({"file": path.name, "rows": pq.ParquetFile(path).metadata.num_rows,
+                        "sha256": sha})
+    return entries
 
 
 def write_table(folder: str | os.PathLike, df: pd.DataFrame, schema: pa.Schema,
-                manifest: dict) -> Path:
-    """Write a one-part table and its manifest (manifest last)."""
+                manifest: dict, key: dict | None = None,
+                unique: list[str] | None = None) -> Path:
+    """Write a one-part table and its manifest (manifest last), under the writer lock."""
     folder = Path(folder)
-    for old in folder.glob("part-*.parquet"):
-        old.unlink()
-    if (folder / MANIFEST).exists():
-        (folder / MANIFEST).unlink()
-    write_parquet(folder / "part-00000.parquet", df, schema)
-    atomic_write_json(folder / MANIFEST, {**manifest, "rows": int(len(df)), "complete": True})
+    with writer_lock(folder):
+        if (folder / MANIFEST).exists():
+            (folder / MANIFEST).unlink()
+        for old in folder.glob("part-*.parquet"):
+            old.unlink()
+        _check_unique(df.to_pandas() if isinstance(df, pa.Table) else df, unique, folder)
+        _write_part(folder, "00000", df, schema)
+        _write_manifest(folder, manifest, key, unique, ["00000"])
     return folder
+
+
+def _write_manifest(folder: Path, manifest: dict, key: dict | None,
+                    unique: list[str] | None, part_keys: list[str]) -> None:
+    from .keys import key_sha
+
+    parts = _part_entries(folder, part_keys)
+    atomic_write_json(folder / MANIFEST, {
+        **manifest, "key": key, "key_sha": key_sha(key) if key is not None else None,
+        "unique": unique, "parts": parts, "shards": len(parts),
+        "rows": int(sum(p["rows"] for p in parts)), "complete": True})
 
 
 def is_complete(folder: str | os.PathLike) -> bool:
@@ -198,66 +425,170 @@ def read_manifest(folder: str | os.PathLike) -> dict:
     return read_json(folder / MANIFEST)
 
 
-def read_table(folder: str | os.PathLike, schema: pa.Schema | None = None,
-               columns: list[str] | None = None, filters=None) -> pd.DataFrame:
-    """Read every part of a complete table; refuse an unfinished one."""
+_VERIFIED: dict[tuple, bool] = {}  # (file, size, mtime_ns, sha) already checked here
+
+
+def verify(folder: str | os.PathLike) -> dict:
+    """Check a complete table against its manifest; returns the manifest.
+
+    The parts on disk must be exactly the listed ones, each with its row count and sha256.
+    A file checked once in this process is not hashed again while its size and mtime hold.
+    """
     folder = Path(folder)
-    read_manifest(folder)
-    parts = sorted(folder.glob("part-*.parquet"))
+    man = read_manifest(folder)
+    listed = {p["file"]: p for p in man.get("parts") or []}
+    if not listed and man.get("rows"):
+        raise DamagedTableError(f"{folder}: the manifest lists no parts (written by an older "
+                                "version of the book?): rerun the notebook that writes it")
+    on_disk = {p.name for p in folder.glob("part-*.parquet")}
+    extra, missing = sorted(on_disk - set(listed)), sorted(set(listed) - on_disk)
+    if extra or missing:
+        raise DamagedTableError(
+            f"{folder} does not match its manifest: "
+            + (f"parts not in the manifest (copied in?): {extra[:3]} " if extra else "")
+            + (f"listed parts missing: {missing[:3]} " if missing else "")
+            + "; delete the table and rerun the notebook that writes it")
+    for name, entry in listed.items():
+        path = folder / name
+        st = path.stat()
+        memo = (str(path), st.st_size, st.st_mtime_ns, entry["sha256"])
+        if memo in _VERIFIED:
+            continue
+        rows = pq.ParquetFile(path).metadata.num_rows
+        if rows != entry["rows"]:
+            raise DamagedTableError(f"{path} has {rows} rows, its manifest says {entry['rows']}")
+        if sha256_of(path) != entry["sha256"]:
+            raise DamagedTableError(f"{path} does not match its checksum in the manifest "
+                                    "(altered since it was written): delete the table and "
+                                    "rerun the notebook that writes it")
+        _VERIFIED[memo] = True
+    total = sum(p["rows"] for p in listed.values())
+    if total != man.get("rows"):
+        raise DamagedTableError(f"{folder}: the manifest says {man.get('rows')} rows, its "
+                                f"parts hold {total}")
+    return man
+
+
+def _check_unique(df: pd.DataFrame, unique: list[str] | None, folder: Path) -> None:
+    if not unique or df.empty:
+        return
+    dup = df.duplicated(unique, keep=False)
+    if dup.any():
+        example = df.loc[dup, unique].head(3).to_dict("records")
+        raise DamagedTableError(f"{folder}: {int(dup.sum())} rows share their key {unique}, "
+                                f"e.g. {example}")
+
+
+def read_table(folder: str | os.PathLike, schema: pa.Schema | None = None,
+               columns: list[str] | None = None, filters=None,
+               expect_key: dict | None = None) -> pd.DataFrame:
+    """Every row of a complete, verified table (see ``verify``); with ``expect_key``, refuse
+    a table computed from other inputs (StaleTableError naming the differences)."""
+    folder = Path(folder)
+    man = verify(folder)
+    if expect_key is not None:
+        check_key(folder, man, expect_key)
+    parts = [folder / p["file"] for p in man["parts"]]
     if not parts:
         return (schema or pa.schema([])).empty_table().to_pandas()
-    table = pq.read_table(parts, columns=columns, filters=filters, schema=schema)
-    return table.to_pandas()
+    unique = man.get("unique") or []
+    cols = None if columns is None else list(dict.fromkeys(list(columns) + unique))
+    df = pq.read_table(parts, columns=cols, filters=filters, schema=schema).to_pandas()
+    if filters is None:
+        _check_unique(df, unique, folder)
+    return df[list(columns)] if columns is not None else df
+
+
+def check_key(folder: Path, man: dict, expect_key: dict) -> None:
+    from .keys import describe_difference, key_sha
+
+    if man.get("key_sha") != key_sha(expect_key):
+        producer = man.get("producer") or "the notebook that writes it"
+        raise StaleTableError(
+            f"{folder} was computed from other inputs than the current ones "
+            f"({describe_difference(man.get('key'), expect_key)}); rerun {producer} "
+            "(with overwrite=True where it refuses to replace the table)")
 
 
 class ShardedTable:
     """A table written shard by shard, each shard atomic and named by its unit of work.
 
-    ``begin(fp)`` records the fingerprint of the inputs; a rerun with another fingerprint
-    is refused (pass ``overwrite=True`` to start over), so shards of two different runs
-    never mix. ``done()`` lists finished shard keys; ``finish(manifest)`` writes the
-    manifest once every expected shard exists.
+    ``begin(key)`` takes the writer lock and records the key of the inputs: a folder that
+    holds a run (finished or not) with another key is refused, naming the differences
+    (``overwrite=True`` discards it), so shards of two different runs never mix. It
+    returns True when the table is already complete with this key: nothing to do.
+    ``done()`` lists finished shard keys; ``finish(manifest, expected)`` writes the
+    manifest once every expected shard exists and releases the lock.
     """
 
-    def __init__(self, folder: str | os.PathLike, schema: pa.Schema):
+    def __init__(self, folder: str | os.PathLike, schema: pa.Schema,
+                 unique: list[str] | None = None):
         self.folder = Path(folder)
         self.schema = schema
+        self.unique = unique
+        self.key: dict | None = None
+        self._release = None
 
-    def begin(self, fp: str, overwrite: bool = False) -> None:
-        run = self.folder / RUN_FILE
-        if run.exists() and read_json(run).get("fingerprint") != fp:
-            if not overwrite:
-                raise RuntimeError(
-                    f"{self.folder} holds a run with other inputs or parameters "
-                    f"(fingerprint {read_json(run).get('fingerprint')} != {fp}); "
-                    "pass overwrite=True to discard it, or write to another folder"
-                )
-            self.clear()
-        elif not run.exists():
-            self.clear()
-        if not run.exists():
-            atomic_write_json(run, {"fingerprint": fp})
+    def begin(self, key: dict | str, overwrite: bool = False, what: str = "") -> bool:
+        from .keys import describe_difference, key_sha
+
+        key = key if isinstance(key, dict) else {"fingerprint": key}
+        self.key = key
+        self._lock(what)
+        try:
+            run = self.folder / RUN_FILE
+            old = read_json(run).get("key") if run.exists() else None
+            if run.exists() and key_sha(old) != key_sha(key):
+                if not overwrite:
+                    raise StaleTableError(
+                        f"{self.folder} holds a run with other inputs or parameters "
+                        f"({describe_difference(old, key)}); pass overwrite=True to discard "
+                        "it and recompute, or write to another folder")
+                self.clear()
+            elif not run.exists():
+                self.clear()
+            if not run.exists():
+                atomic_write_json(run, {"key": key, "key_sha": key_sha(key)})
+            for tmp in self.folder.glob(".*.tmp*"):  # litter of a killed writer (we hold the lock)
+                tmp.unlink()
+            return is_complete(self.folder)
+        except BaseException:
+            self.release()
+            raise
+
+    def _lock(self, what: str) -> None:
+        if self._release is None:
+            self._release = acquire_lock(self.folder, what)
+
+    def release(self) -> None:
+        if self._release is not None:
+            self._release()
+            self._release = None
 
     def clear(self) -> None:
         if self.folder.exists():
             for f in self.folder.iterdir():
-                if f.is_file():
+                if f.is_file() and f.name != LOCK_FILE:
                     f.unlink()
 
-    def shard_path(self, key: str) -> Path:
-        return self.folder / f"part-{key}.parquet"
-
     def done(self) -> set[str]:
-        return {p.name[len("part-"):-len(".parquet")] for p in self.folder.glob("part-*.parquet")}
+        return set(parts_on_disk(self.folder))
 
     def write_shard(self, key: str, df: pd.DataFrame | pa.Table) -> Path:
-        return write_parquet(self.shard_path(key), df, self.schema)
+        return _write_part(self.folder, key, df, self.schema)
 
     def finish(self, manifest: dict, expected: list[str]) -> Path:
-        missing = sorted(set(expected) - self.done())
-        if missing:
-            raise RuntimeError(f"{self.folder}: {len(missing)} shards missing, e.g. {missing[:3]}")
-        rows = sum(pq.ParquetFile(self.shard_path(k)).metadata.num_rows for k in expected)
-        atomic_write_json(self.folder / MANIFEST,
-                          {**manifest, "rows": int(rows), "shards": len(expected), "complete": True})
+        try:
+            missing = sorted(set(expected) - self.done())
+            if missing:
+                raise RuntimeError(f"{self.folder}: {len(missing)} shards missing, e.g. {missing[:3]}")
+            extra = sorted(self.done() - set(expected))
+            if extra:
+                raise DamagedTableError(f"{self.folder}: shards {extra[:3]} belong to no part "
+                                        "of this run; delete the folder and rerun")
+            _write_manifest(self.folder, manifest, self.key, self.unique, list(expected))
+            if self.unique:
+                read_table(self.folder)  # the unique key holds over all shards
+        finally:
+            self.release()
         return self.folder

@@ -101,10 +101,13 @@ def test_fp32_body_matches_float64_math_on_its_own_hidden_states(world, referenc
     want = divergence.reference_metrics_f64(torch.log_softmax(logits[0], -1),
                                             torch.log_softmax(logits[1], -1), targets,
                                             logits[0], logits[1])
-    for name in METRICS:  # fp32 logits from an fp32 matmul: ~2e-6 at |logit| ~ 17
+    # fp32 logits from an fp32 matmul: ~2-4e-6 absolute at |logit| ~ 17, depending on the
+    # CPU's matmul kernel. k1..k3 are functions of log r, a difference of two such logits,
+    # so their relative error is ~2x log r's (k2 = (log r)^2 / 2 doubles it again): 1e-4.
+    for name in METRICS:
         err = relative_error(torch.tensor(df[name].to_numpy()), want[name],
                              FLOOR.get(name, 1e-12)).max().item()
-        assert err < 3e-5, (name, err)
+        assert err < (1e-4 if name in ("k1", "k2", "k3") else 3e-5), (name, err)
     body = relative_error(torch.tensor(df.kl_ckpt_ref.to_numpy()), reference[3]["kl_ckpt_ref"], 0.03)
     assert body.max() < 1e-2  # fp32 forward of a large-init model: ~1e-4, not a math error
 
@@ -196,21 +199,42 @@ def test_one_more_checkpoint_uses_the_cached_reference(world, tmp_path):
     assert [s["source"] for s in man["engine"]["sides"]] == ["forward", "cache"]
 
 
-def test_padded_head_rows_are_dropped_and_recorded(world, tmp_path):
-    tok, _, _, seqs, P, Q = world
-    padded = tiny_llama(len(tok) + 20, seed=0, init_range=0.5)
-    with torch.no_grad():  # same model on the real vocabulary, huge logits on the padding
+def _padded_copy(P, vocab, extra_bias: float):
+    """P with 20 extra LM-head rows (a biased head): the real rows unchanged (bias 0), the
+    padded rows' logits shifted by ``extra_bias``."""
+    padded = tiny_llama(vocab + 20, seed=0, init_range=0.5)
+    with torch.no_grad():
         for (n, a), (_, b) in zip(padded.named_parameters(), P.named_parameters()):
             if a.shape == b.shape:
                 a.copy_(b)
-        padded.model.embed_tokens.weight[: len(tok)] = P.model.embed_tokens.weight
-        padded.lm_head.weight[: len(tok)] = P.lm_head.weight
-        padded.lm_head.weight[len(tok):] = 5.0
+        padded.model.embed_tokens.weight[:vocab] = P.model.embed_tokens.weight
+        head = torch.nn.Linear(P.config.hidden_size, vocab + 20, bias=True)
+        head.weight[:vocab] = P.lm_head.weight
+        head.weight[vocab:] = P.lm_head.weight[:20]
+        head.bias.zero_()
+        head.bias[vocab:] = extra_bias
+        padded.lm_head = head
+    return padded
+
+
+def test_padded_head_rows_are_dropped_and_recorded(world, tmp_path):
+    tok, _, _, seqs, P, Q = world
+    quiet = _padded_copy(P, len(tok), -1e4)  # ~0 probability on the padding
     want = _run(seqs, forcing.Side("P", P), forcing.Side("Q", Q), tmp_path / "a")
-    got = _run(seqs, forcing.Side("P", padded), forcing.Side("Q", Q), tmp_path / "b")
+    got = _run(seqs, forcing.Side("P", quiet), forcing.Side("Q", Q), tmp_path / "b")
     pd.testing.assert_frame_equal(want.drop(columns="checkpoint"), got.drop(columns="checkpoint"))
     head = storage.read_manifest(tmp_path / "b")["engine"]["sides"][0]["head"]
     assert head["padded_rows_dropped"] == 20 and head["vocab_size"] == len(tok)
+    assert head["padded_mass_max"] < 1e-30
+
+
+def test_probability_on_padded_head_rows_is_refused(world, tmp_path):
+    """Dropping padded rows is exact only if the model puts ~no probability there."""
+    tok, _, _, seqs, P, Q = world
+    loud = _padded_copy(P, len(tok), 20.0)  # most of the mass on the padding
+    with pytest.raises(ValueError, match="beyond the tokenizer"):
+        _run(seqs, forcing.Side("P", loud), forcing.Side("Q", Q), tmp_path / "c")
+    assert not storage.is_complete(tmp_path / "c")
 
 
 def test_sequences_follow_the_alignment_contract(world):

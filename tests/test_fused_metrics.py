@@ -65,6 +65,24 @@ CHECKS = textwrap.dedent('''
     z = torch.tensor([[1.0, 3.0, 3.0, 0.5, 2.0]] * 5)
     r = token_metrics(z, z, torch.tensor([1, 2, 4, 0, 3]), topk=0, row_fn=fused)
     out["ranks"] = r["rank_ckpt"].tolist()
+    # logits masked to -inf in both models (e.g. a vocabulary mask): the same values as the
+    # distributions over the unmasked entries alone, finite, no NaN
+    a, b, t = pair(6, 900, 3.0, 0.5, 3)
+    keep = torch.ones(900, dtype=torch.bool); keep[::7] = False; keep[t] = True
+    am, bm = a.masked_fill(~keep, float("-inf")), b.masked_fill(~keep, float("-inf"))
+    t_kept = (torch.cumsum(keep.long(), 0) - 1)[t]
+    want = reference_metrics_f64(torch.log_softmax(a[:, keep].double(), -1),
+                                 torch.log_softmax(b[:, keep].double(), -1), t_kept,
+                                 a[:, keep].double(), b[:, keep].double())
+    for label, fn in (("fused", fused), ("eager", None)):
+        got = token_metrics(am, bm, t, topk=3, row_fn=fn)
+        out[f"masked {label}"] = {m: relative_error(got[m], want[m], 1e-12).max().item()
+                                  for m in ROW}
+    # masked in one model only: KL(ckpt||ref) stays finite, KL(ref||ckpt) is infinite
+    one = token_metrics(am, b, t, topk=0, row_fn=fused)
+    out["one-sided"] = [bool(torch.isfinite(one["kl_ckpt_ref"]).all()),
+                        bool(torch.isinf(one["kl_ref_ckpt"]).all()),
+                        bool(torch.isfinite(one["js"]).all())]
     # the engine's own check before it trusts the kernel on a device (all outputs, top-k too)
     out["self_check"] = divergence._fused_ok(torch.device("cpu"))
     print(json.dumps(out))
@@ -110,3 +128,15 @@ def test_fused_exact_zeros_swap_ties_and_extremes(results):
     assert results["extreme js vs ln2"] < 1e-6
     assert results["ranks"] == [1, 1, 3, 4, 5]
     assert results["self_check"] is True
+
+
+@pytest.mark.parametrize("path", ["fused", "eager"])
+def test_logits_masked_in_both_models_count_as_absent(results, path):
+    """-inf at the same entries of both models: exact values of the unmasked distributions
+    (the old math gave NaN from 0 * (-inf - -inf))."""
+    errors = results[f"masked {path}"]
+    assert max(errors.values()) < 1e-5, errors
+
+
+def test_logits_masked_in_one_model_give_an_infinite_kl_in_one_direction(results):
+    assert results["one-sided"] == [True, True, True]

@@ -53,6 +53,14 @@ def test_second_conversion_reuses_cache(converted):
     assert [p.name for p in root.iterdir()] == [folder.name]  # no stray temp folders
 
 
+def test_converted_folder_honours_the_umask(converted):
+    """mkdtemp makes 0700 folders; a converted model is shared like any other folder."""
+    from rlprobe_nb import storage
+
+    _, _, folder, _, _ = converted
+    assert folder.stat().st_mode & 0o777 == storage.DIR_MODE
+
+
 def test_unfinished_conversion_is_refused(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="convert_gguf"):

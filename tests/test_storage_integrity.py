@@ -1,0 +1,171 @@
+"""A table read is verified against its manifest: damaged, missing, copied-in or edited
+files are refused with the file named; standard parquet readers open a table folder as it
+is; files honour the umask; two writers of one table never mix (issue 9 items 4, 5, 14,
+15)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+import torch
+
+from rlprobe_nb import storage
+
+SCHEMA = pa.schema([("id", pa.string()), ("x", pa.float32())])
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def frame(n, start=0):
+    return pd.DataFrame({"id": [f"r{i}" for i in range(start, start + n)],
+                         "x": [i / 3 for i in range(start, start + n)]})
+
+
+@pytest.fixture()
+def sharded(tmp_path):
+    table = storage.ShardedTable(tmp_path / "s", SCHEMA, unique=["id"])
+    table.begin({"inputs": 1})
+    for k in range(3):
+        table.write_shard(f"{k:05d}", frame(4, start=4 * k))
+    table.finish({"suite": "test"}, ["00000", "00001", "00002"])
+    return tmp_path / "s"
+
+
+def parts(folder):
+    return sorted(folder.glob("part-*.parquet"))
+
+
+def test_intact_table_reads_back(sharded):
+    assert list(storage.read_table(sharded).id) == [f"r{i}" for i in range(12)]
+
+
+def test_deleted_part_is_refused(sharded):
+    parts(sharded)[1].unlink()
+    with pytest.raises(storage.DamagedTableError, match="listed parts missing"):
+        storage.read_table(sharded)
+
+
+def test_copied_in_part_is_refused(sharded):
+    first = parts(sharded)[0]
+    (sharded / first.name.replace("00000", "00009")).write_bytes(first.read_bytes())
+    with pytest.raises(storage.DamagedTableError, match="not in the manifest"):
+        storage.read_table(sharded)
+
+
+def test_edited_row_count_in_manifest_is_refused(sharded):
+    man = json.loads((sharded / storage.MANIFEST).read_text())
+    man["rows"] = 11
+    (sharded / storage.MANIFEST).write_text(json.dumps(man))
+    with pytest.raises(storage.DamagedTableError, match="says 11 rows"):
+        storage.read_table(sharded)
+
+
+def test_plausible_garbage_in_a_part_is_refused(sharded):
+    victim = parts(sharded)[2]
+    storage.write_parquet(victim, frame(4, start=100), SCHEMA)  # valid parquet, wrong rows
+    with pytest.raises(storage.DamagedTableError, match=victim.name):
+        storage.read_table(sharded)
+
+
+def test_duplicate_rows_across_shards_are_refused(tmp_path):
+    table = storage.ShardedTable(tmp_path / "d", SCHEMA, unique=["id"])
+    table.begin({"inputs": 1})
+    table.write_shard("a", frame(3))
+    table.write_shard("b", frame(3, start=2))  # r2 twice
+    with pytest.raises(storage.DamagedTableError, match="share their key"):
+        table.finish({}, ["a", "b"])
+
+
+def test_standard_readers_open_the_folder(sharded):
+    assert len(pd.read_parquet(sharded)) == 12
+    assert ds.dataset(sharded, format="parquet").count_rows() == 12
+
+
+def test_hidden_state_garbage_is_refused(tmp_path):
+    from rlprobe_nb import forcing
+
+    seq = forcing.make_sequence("r#0", "r", [1, 2, 3], [4, 5, 6])
+    cache = forcing.HiddenCache(tmp_path / "h")
+    cache.begin({"name": "m"})
+    cache.save([seq], torch.ones(3, 8))
+    (path,) = (tmp_path / "h").glob("h-*.safetensors")
+    blob = bytearray(path.read_bytes())
+    blob[-8:] = bytes(8)  # same size, plausible floats
+    path.write_bytes(bytes(blob))
+    with pytest.raises(storage.DamagedTableError, match="checksum"):
+        forcing.HiddenCache(tmp_path / "h").rows([seq])
+
+
+def test_cache_of_another_model_is_refused_with_the_difference(tmp_path):
+    from rlprobe_nb import forcing
+
+    cache = forcing.HiddenCache(tmp_path / "h")
+    cache.begin({"name": "m", "model": {"files": {"model.safetensors": "aaa"}}})
+    cache.release()
+    with pytest.raises(storage.StaleTableError, match="model.files.model.safetensors: aaa -> bbb"):
+        forcing.HiddenCache(tmp_path / "h").begin(
+            {"name": "m", "model": {"files": {"model.safetensors": "bbb"}}})
+
+
+WRITER = textwrap.dedent("""
+    import os, sys, time
+    import pandas as pd, pyarrow as pa
+    from rlprobe_nb import storage
+    os.umask(0o022)
+    schema = pa.schema([("id", pa.string())])
+    table = storage.ShardedTable(sys.argv[1], schema)
+    table.begin({"inputs": 1})
+    table.write_shard("a", pd.DataFrame({"id": ["x"]}))
+    print("WRITING", flush=True)
+    time.sleep(float(sys.argv[2]))
+    table.finish({}, ["a"])
+    print("DONE", flush=True)
+""")
+
+
+def _writer(folder, hold):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", "import os; os.umask(0o022)\n" + WRITER,
+                             str(folder), str(hold)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_files_honour_the_umask(tmp_path):
+    proc = _writer(tmp_path / "t", 0)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    for path in (tmp_path / "t").iterdir():
+        if path.name != storage.LOCK_FILE:
+            assert path.stat().st_mode & 0o777 == 0o644, (path.name, oct(path.stat().st_mode))
+
+
+def test_a_second_writer_is_refused_and_names_the_first(tmp_path):
+    first = _writer(tmp_path / "t", 20)
+    assert first.stdout.readline().strip() == "WRITING"
+    tmp_litter = tmp_path / "t" / ".part-z.abc.tmp.parquet"
+    tmp_litter.write_bytes(b"in flight")  # the first writer's temporary file
+    table = storage.ShardedTable(tmp_path / "t", pa.schema([("id", pa.string())]))
+    with pytest.raises(storage.TableBusyError, match=f"pid {first.pid}"):
+        table.begin({"inputs": 1})
+    assert tmp_litter.exists(), "the refused writer deleted the first one's temp file"
+    first.kill()
+    first.wait()
+    table.begin({"inputs": 1})  # the lock died with its process
+    table.release()
+
+
+def test_the_same_process_may_rewrite_after_an_error(tmp_path):
+    """A notebook cell rerun in the same kernel after an exception is not a second writer."""
+    table = storage.ShardedTable(tmp_path / "t", SCHEMA)
+    table.begin({"inputs": 1})
+    again = storage.ShardedTable(tmp_path / "t", SCHEMA)
+    assert again.begin({"inputs": 1}) is False
+    again.write_shard("a", frame(2))
+    again.finish({}, ["a"])
+    assert storage.ShardedTable(tmp_path / "t", SCHEMA).begin({"inputs": 1}) is True
