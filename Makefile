@@ -36,6 +36,5 @@ lock: install
 	@echo "review and move constraints.txt.new over constraints.txt (keep its header)"
 
 # Delete what the book wrote for SUITE (tables, caches, figures); shipped inputs stay.
-clean-results:
-	find data/$(SUITE) -mindepth 1 -maxdepth 1 ! -name shipped -exec rm -rf {} +
-	rm -rf figures/$(SUITE)
+clean-results: install
+	$(PY) -m rlprobe_nb.clean --suite "$(SUITE)"

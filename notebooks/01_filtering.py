@@ -19,23 +19,22 @@
 # We study tokens where RLVR training changed a model's reasoning, so we first need
 # problems on which it made a difference. Both the reference model (the start of RL) and
 # the target RLVR checkpoint answer every problem several times: once greedily and a few
-# times by sampling. A problem is *selected* when the reference is wrong on most samples
-# and the target right on most; a *control* group holds the opposite case. One greedy
-# sample never decides "wrong" on its own.
+# times by sampling. A problem is *selected* when the reference's pass rate is at most
+# `ref_max_pass` and the target's at least `target_min_pass` (ties count: the rule is
+# `<=` / `>=`); a *control* group holds the opposite case. One greedy sample never
+# decides "wrong" on its own.
 
 # %%
 import pandas as pd
 
-from rlprobe_nb import filtering, grading, models, params, paths, problems, provenance
-from rlprobe_nb import rollouts, schemas, statistics, storage
+from rlprobe_nb import filtering, grading, keys, models, params, paths, problems, provenance
+from rlprobe_nb import rollouts, schemas, statistics, storage, suite_keys
 
 # %% tags=["parameters"]
 suite = None
-checkpoint = None
 n_problems = None
 n_samples = None
 max_new_tokens = None
-target = None
 overwrite = False
 
 # %% [markdown]
@@ -44,13 +43,15 @@ overwrite = False
 
 # %%
 params.check_notebook_parameters(globals().get("In", []), [
-    "suite", "checkpoint", "n_problems", "n_samples", "max_new_tokens", "target", "overwrite"])
-P = params.load(suite=suite, checkpoint=checkpoint, overrides={
+    "suite", "n_problems", "n_samples", "max_new_tokens", "overwrite"])
+P = params.load(suite=suite, overrides={
     "problems.limit": n_problems, "filtering.n_samples": n_samples,
     "filtering.max_new_tokens": max_new_tokens})
-REFERENCE, TARGET = P.reference, target or P.target
+REFERENCE, TARGET = P.reference, P.target
 F = P.filtering
 SCHEDULE = [0.0] + [F.temperature] * F.n_samples  # sample 0 is greedy
+MANIFEST = dict(seeds={"filtering": F.seed}, grader=grading.grader_info(),
+                extra={"producer": suite_keys.PRODUCERS["answers"]})
 print(f"suite {P.suite}: reference {REFERENCE!r}, target {TARGET!r}, "
       f"{len(SCHEDULE)} answers per problem (greedy + {F.n_samples} at T={F.temperature})")
 
@@ -70,8 +71,9 @@ PROBLEMS = problems.load_problems(
 PROBLEMS.groupby(["subject", "level"]).size().rename("problems").reset_index()
 
 # %%
-problems.write_if_changed(paths.table_dir(P.suite, "problems"), PROBLEMS, schemas.PROBLEMS,
-                          provenance.manifest(P, grader=grading.grader_info()))
+PROBLEMS_KEY = suite_keys.problems(P)
+storage.write_derived(paths.table_dir(P.suite, "problems"), PROBLEMS, schemas.PROBLEMS,
+                      provenance.manifest(P, **MANIFEST), PROBLEMS_KEY, suite_keys.UNIQUE["problems"])
 PROBLEMS.head(3)
 
 # %% [markdown]
@@ -80,28 +82,32 @@ PROBLEMS.head(3)
 # Each model answers each problem with the chat template of `rlprobe_nb.prompting`.
 # Answers are graded by math-verify on the last `\boxed{}` only (no box: wrong), in
 # worker processes with a timeout; model text is never evaluated. Shards are written as
-# they finish, so an interrupted run resumes where it stopped.
+# they finish, so an interrupted run resumes where it stopped; a table computed from other
+# inputs (models, problems, sampling, grader) is refused unless `overwrite` is set.
 
 # %%
+ANSWERS_KEY = suite_keys.answers(P, keys.key_sha(PROBLEMS_KEY))
 ANSWERS = rollouts.sample_to_table(
     paths.table_dir(P.suite, "answers"), schemas.ANSWERS, [REFERENCE, TARGET],
     lambda name: models.load_model(name, P), PROBLEMS, template=P.prompt_template,
     n_per_problem=len(SCHEDULE), temperatures=SCHEDULE, max_new_tokens=F.max_new_tokens,
     seed=F.seed, batch_size=F.batch_size, timeout_s=P.grading.timeout_s,
-    workers=P.grading.workers,
-    manifest=provenance.manifest(P, seeds={"filtering": F.seed}, grader=grading.grader_info()),
-    overwrite=overwrite)
-ANSWERS.groupby(["model", "grade_method"]).size().unstack(fill_value=0)
+    workers=P.grading.workers, manifest=provenance.manifest(P, **MANIFEST),
+    key=ANSWERS_KEY, overwrite=overwrite)
+ANSWERS.groupby(["model", "failure_type"]).size().unstack(fill_value=0)
 
 # %% [markdown]
 # ## Pass rates
 #
-# Overall pass rate per model with two 95% intervals: Wilson, which treats every answer
-# as independent, and a bootstrap over problems, which does not (answers to one problem
-# are correlated, so it is the honest one).
+# Overall pass rate per model with 95% intervals. Wilson and Clopper–Pearson treat every
+# answer as independent; answers to one problem are correlated, so a bootstrap over
+# problems is shown beside them — where it can say anything: with every answer right or
+# every answer wrong it collapses to a point, and then only the binomial intervals are
+# reported (`boot_note` says why).
 
 # %%
-statistics.rate_table(ANSWERS, ["model"], seed=F.seed).round(3)
+RATE_TABLE = statistics.rate_table(ANSWERS, ["model"], seed=F.seed)
+RATE_TABLE.round(3)
 
 # %% [markdown]
 # Per problem, the greedy answer and all samples together:
@@ -133,19 +139,22 @@ SELECTION[SELECTION["group"] != "excluded"].head(10)
 # the two models is right carry information.
 
 # %%
-pd.Series(filtering.greedy_mcnemar(SELECTION))
+GREEDY_TEST = filtering.greedy_mcnemar(SELECTION)
+pd.Series(GREEDY_TEST)
 
 # %% [markdown]
 # ## Tables written
 #
 # `problems`, `answers` and `selection` under `data/<suite>/`, each with a manifest
-# (parameters, models and their hashes, seeds, grader, package versions, git commit).
+# (parameters, models and their hashes, seeds, grader, package versions, git commit) and
+# the key of everything its rows depend on.
 
 # %%
-problems.write_if_changed(
+storage.write_derived(
     paths.table_dir(P.suite, "selection"), SELECTION, schemas.SELECTION,
     provenance.manifest(P, seeds={"filtering": F.seed}, grader=grading.grader_info(),
-                        extra={"reference": REFERENCE, "target": TARGET,
-                               "greedy_test": filtering.greedy_mcnemar(SELECTION)}))
+                        extra={"producer": suite_keys.PRODUCERS["selection"],
+                               "greedy_test": GREEDY_TEST}),
+    suite_keys.selection(P, keys.key_sha(ANSWERS_KEY)), suite_keys.UNIQUE["selection"])
 {t: storage.read_manifest(paths.table_dir(P.suite, t))["rows"]
  for t in ("problems", "answers", "selection")}

@@ -18,39 +18,42 @@
 #
 # Teacher forcing (notebook 03) replays the reference model's own reasoning through every
 # checkpoint, so we need that reasoning as the exact token ids the reference generated.
-# For each selected problem (and each control problem) the reference writes several
+# For each selected problem and each control problem the reference writes several
 # samples under a temperature schedule. Each sample has its own seed, derived from the
 # run's seed, the problem id and the sample number, so any rollout can be regenerated
-# on its own. Every rollout is graded; the wrong ones are what 03 forces by default.
+# on its own. Every rollout is graded and given a *failure type*: right, a boxed wrong
+# answer, an empty box, no box (finished without one), or truncated at the token limit.
+# Only a finished text is a wrong answer; an unfinished one is not forced by default.
 
 # %%
-import pandas as pd
-
 from rlprobe_nb import grading, models, params, paths, problems, provenance, rollouts
-from rlprobe_nb import schemas, statistics, storage
+from rlprobe_nb import schemas, statistics, storage, suite_keys
 
 # %% tags=["parameters"]
 suite = None
-checkpoint = None
 n_per_problem = None
 max_new_tokens = None
-include_control = True
 overwrite = False
 
 # %% [markdown]
 # Parameters come from `params/<suite>/suite.yaml`; the cell above only overrides them.
+# The problems and the selection written by 01 are read only if they are current: a
+# change of their inputs since (a model, a problem, a threshold) stops here, naming it.
 
 # %%
 params.check_notebook_parameters(globals().get("In", []), [
-    "suite", "checkpoint", "n_per_problem", "max_new_tokens", "include_control", "overwrite"])
-P = params.load(suite=suite, checkpoint=checkpoint, overrides={
+    "suite", "n_per_problem", "max_new_tokens", "overwrite"])
+P = params.load(suite=suite, overrides={
     "rollouts.n_per_problem": n_per_problem, "rollouts.max_new_tokens": max_new_tokens})
 R = P.rollouts
-PROBLEMS = storage.read_table(paths.table_dir(P.suite, "problems"))
-SELECTION = storage.read_table(paths.table_dir(P.suite, "selection"))
-GROUPS = ["selected", "control"] if include_control else ["selected"]
+PROBLEMS, PROBLEMS_SHA = suite_keys.read_current(P, "problems")
+SELECTION, SELECTION_SHA = suite_keys.read_current(P, "selection")
+KEY = suite_keys.rollouts(P, SELECTION_SHA, PROBLEMS_SHA)
+MANIFEST = provenance.manifest(P, seeds={"rollouts": R.seed}, grader=grading.grader_info(),
+                               extra={"producer": suite_keys.PRODUCERS["rollouts"]})
 print(f"suite {P.suite}: {R.n_per_problem} rollouts per problem from {P.reference!r}, "
-      f"temperatures {R.temperatures} (cycled), source {R.source!r}")
+      f"temperatures {R.temperatures} (cycled), up to {R.max_new_tokens} new tokens, "
+      f"source {R.source!r}")
 
 # %% [markdown]
 # ## Which problems
@@ -59,8 +62,11 @@ print(f"suite {P.suite}: {R.n_per_problem} rollouts per problem from {P.referenc
 # and the control problems where it was the other way round.
 
 # %%
-CHOSEN = SELECTION[SELECTION["group"].isin(GROUPS)]
+CHOSEN = SELECTION[SELECTION["group"].isin(["selected", "control"])]
 TODO = PROBLEMS[PROBLEMS["problem_id"].isin(CHOSEN["problem_id"])]
+if TODO.empty:
+    raise ValueError(f"no selected or control problems in the selection of suite {P.suite!r}: "
+                     "loosen the filtering thresholds or add problems, then rerun 01")
 CHOSEN["group"].value_counts().rename("problems")
 
 # %% [markdown]
@@ -69,18 +75,16 @@ CHOSEN["group"].value_counts().rename("problems")
 # The rollouts table keeps the prompt ids (the chat template with its generation prompt),
 # the response ids exactly as generated — the end-of-sequence token included when the
 # model stopped, nothing after it — the decoded text, temperature, seed, why generation
-# ended, and the grade. Shards are written as they finish; a rerun recomputes nothing.
+# ended, the grade and the failure type. Shards are written as they finish; a rerun with
+# the same inputs recomputes nothing.
 #
 # With `rollouts.source: prior` the reference's responses are imported from the prior
-# project instead: they are regraded, tokenized on their own (no special tokens added),
-# and marked `token_method = "text"`, `finish_reason = "imported"`.
+# project instead: they are regraded, tokenized on their own (no special tokens added;
+# special-token text in them stays text and is flagged), and marked
+# `token_method = "text"`, `finish_reason = "imported"`. Empty responses are set aside
+# and counted.
 
 # %%
-if TODO.empty:
-    raise ValueError(f"no {GROUPS} problems in the selection of suite {P.suite!r}: "
-                     "loosen the filtering thresholds or add problems, then rerun 01")
-MANIFEST = provenance.manifest(P, seeds={"rollouts": R.seed}, grader=grading.grader_info(),
-                               extra={"groups": GROUPS})
 if R.source == "generate":
     ROLLOUTS = rollouts.sample_to_table(
         paths.table_dir(P.suite, "rollouts"), schemas.ROLLOUTS, [P.reference],
@@ -88,7 +92,7 @@ if R.source == "generate":
         n_per_problem=R.n_per_problem, temperatures=R.temperatures,
         max_new_tokens=R.max_new_tokens, seed=R.seed, batch_size=R.batch_size,
         timeout_s=P.grading.timeout_s, workers=P.grading.workers, manifest=MANIFEST,
-        overwrite=overwrite)
+        key=KEY, overwrite=overwrite)
 
 # %% [markdown]
 # An import is regraded, and every verdict that differs from the one stored by the prior
@@ -100,44 +104,58 @@ if R.source == "prior":
     PRIOR = PRIOR[PRIOR["problem_id"].isin(TODO["problem_id"])]
     IMPORTED, DISAGREE = problems.regrade_prior(PRIOR, PROBLEMS, P.reference,
                                                 P.grading.timeout_s, P.grading.workers)
-    ROLLOUTS = problems.rollouts_from_text(
+    ROLLOUTS, SET_ASIDE = problems.rollouts_from_text(
         IMPORTED, PROBLEMS, models.load_tokenizer(P.reference, P), P.prompt_template)
-    problems.write_if_changed(paths.table_dir(P.suite, "rollouts"), ROLLOUTS,
-                              schemas.ROLLOUTS, MANIFEST)
+    storage.write_derived(paths.table_dir(P.suite, "rollouts"), ROLLOUTS, schemas.ROLLOUTS,
+                          {**MANIFEST, "set_aside": SET_ASIDE.to_dict("records")}, KEY,
+                          suite_keys.UNIQUE["rollouts"])
+    print(f"{len(SET_ASIDE)} imported responses set aside, "
+          f"{int((ROLLOUTS['flags'] != '').sum())} flagged")
     display(DISAGREE)  # noqa: F821  (IPython)
 
 # %% [markdown]
 # ## What the reference wrote
 #
-# Wrong and right rollouts per group, with a 95% interval for the rate of right ones that
-# resamples problems (rollouts of one problem are not independent).
+# Failure types by group of problem. A rollout cut off at `max_new_tokens` did not finish
+# its reasoning: it is "truncated", not a wrong answer.
 
 # %%
 BY = ROLLOUTS.merge(SELECTION[["problem_id", "group"]], on="problem_id")
+TYPES = BY.groupby(["group", "failure_type"]).size().unstack(fill_value=0)
+TYPES
+
+# %%
+wrong = BY[~BY["correct"]]
+print(f"Of {len(wrong)} wrong rollouts, {int((wrong.failure_type == 'truncated').sum())} were "
+      f"cut off at {R.max_new_tokens} tokens and {int(wrong.failure_type.isin(['boxed_wrong', 'empty_box', 'no_box']).sum())} "
+      f"finished ({int((wrong.failure_type == 'boxed_wrong').sum())} with a boxed wrong answer).")
+
+# %% [markdown]
+# The rate of right rollouts per group of problems, with 95% intervals (binomial, and a
+# bootstrap over problems where it is informative: rollouts of one problem are not
+# independent):
+
+# %%
 statistics.rate_table(BY, ["group"], seed=R.seed).round(3)
 
+# %% [markdown]
+# How long the rollouts are, by failure type:
+
 # %%
-BY.groupby(["group", "correct", "finish_reason"]).size().rename("rollouts").reset_index()
+BY.groupby("failure_type")["n_tokens"].describe()[["count", "mean", "min", "max"]].round(1)
 
 # %% [markdown]
-# How long the rollouts are, and how they ended (a rollout cut at `max_new_tokens` has
-# `finish_reason = "length"` and usually no boxed answer):
+# One finished wrong rollout, as text:
 
 # %%
-BY.groupby("group")["n_tokens"].describe()[["count", "mean", "min", "max"]].round(1)
-
-# %% [markdown]
-# One wrong rollout, as text:
-
-# %%
-WRONG = BY[~BY["correct"]]
-if len(WRONG):
-    r = WRONG.iloc[0]
-    print(r["rollout_id"], "| extracted:", r["extracted"], "| method:", r["grade_method"])
+FINISHED = BY[BY["failure_type"].isin(["boxed_wrong", "empty_box", "no_box"])]
+if len(FINISHED):
+    r = FINISHED.iloc[0]
+    print(r["rollout_id"], "|", r["failure_type"], "| extracted:", r["extracted"])
     print(r["response"][:800])
 
 # %% [markdown]
-# The table `data/<suite>/rollouts` is complete, with its manifest; 03 reads it.
+# The table `data/<suite>/rollouts` is complete, with its manifest and key; 03 reads it.
 
 # %%
-{k: storage.read_manifest(paths.table_dir(P.suite, "rollouts"))[k] for k in ("rows", "complete")}
+{k: storage.read_manifest(paths.table_dir(P.suite, "rollouts"))[k] for k in ("rows", "key_sha")}

@@ -16,49 +16,59 @@
 # %% [markdown]
 # # 03 · Teacher forcing: where does one checkpoint depart from the reference?
 #
-# We take the reference model's own rollouts (written by notebook 02; by default the
-# *wrong* ones) and force each exact token sequence through one RLVR checkpoint. The
-# forced sequence is the chat template with the generation prompt followed by the
-# rollout's generated token ids, EOS included when the model stopped. Row *k* of the
-# resulting table is the checkpoint's and the reference's prediction of response token
-# *k*, read from the logits at position `prompt_len + k − 1`, so the first response token
-# and EOS both have rows.
+# We take the reference model's own rollouts (written by notebook 02) and force each
+# exact token sequence through one RLVR checkpoint. The forced sequence is the chat
+# template with the generation prompt followed by the rollout's generated token ids, EOS
+# included when the model stopped. Row *k* of the resulting table is the checkpoint's and
+# the reference's prediction of response token *k*, read from the logits at position
+# `prompt_len + k − 1`, so the first response token and EOS both have rows.
 #
-# At every row we compare the two next-token distributions exactly, in float32 from
-# float32 logits: KL in both directions, Jensen–Shannon, both entropies, the log-prob and
-# rank of the written token, the top-5 alternatives of each model, and the sampled-token
-# estimators k1, k2, k3 of KL(ref‖ckpt).
+# At every row we compare the two next-token distributions in float32 from float32
+# logits: KL in both directions — KL(ref‖ckpt), how surprised the checkpoint is by what
+# the reference would write, and KL(ckpt‖ref), how surprised the reference is by what the
+# checkpoint would write — Jensen–Shannon, both entropies, the log-prob and rank of the
+# written token and its signed change Δlogp, the top-5 alternatives of each model, and
+# Schulman's sampled-token functions k1, k2, k3 of the written token.
 
 # %%
-from rlprobe_nb import forcing, forcing_plan, models, params, paths, storage, views
+from rlprobe_nb import forcing, forcing_plan, models, params, paths, storage, suite_keys, views
 
 # %% tags=["parameters"]
 suite = None
 checkpoint = "rlvr_step_1200"
 max_rollouts = None
 batch_tokens = None
+overwrite = False
 
 # %%
 params.check_notebook_parameters(globals().get("In", []),
-                                 ["suite", "checkpoint", "max_rollouts", "batch_tokens"])
+                                 ["suite", "checkpoint", "max_rollouts", "batch_tokens", "overwrite"])
 P = params.load(suite, checkpoint, overrides={"forcing.max_rollouts": max_rollouts,
                                               "forcing.batch_tokens": batch_tokens})
-out_dir = forcing.pair_dir(P.suite, P.checkpoint, P.reference)
+OUT = forcing.pair_dir(P.suite, P.checkpoint, P.reference)
+ROLLOUTS, ROLLOUTS_SHA = suite_keys.read_current(P, "rollouts")
+PROBLEMS, _ = suite_keys.read_current(P, "problems")
+SELECTION, _ = suite_keys.read_current(P, "selection")
 print(f"suite {P.suite!r}: checkpoint {P.checkpoint!r} (step {P.steps[P.checkpoint]}) "
       f"vs reference {P.reference!r}, {P.runtime.device}/{P.runtime.dtype}")
 
 # %% [markdown]
-# ## The rollouts we force
+# ## What we force
 #
-# Notebook 02 graded every rollout; `forcing.which` in the suite's parameters chooses
-# the wrong ones (the default), the right ones (a control), or all.
+# The *target* group is the reference's wrong answers on the selected problems (the
+# reference wrong, the RLVR target right), of the failure types in
+# `forcing.failure_types`; the contrast groups are the reference's right answers to the
+# same problems (`ref_right`) and the rollouts of the control problems (`control`).
+# Without them, "RLVR changes these tokens of wrong reasoning" could not be told apart
+# from "RLVR changes every text of the reference". `forcing.max_rollouts` caps each group
+# with a seeded draw stratified by temperature and problem.
 
 # %%
-rollouts = storage.read_table(paths.table_dir(P.suite, "rollouts"))
-problems = storage.read_table(paths.table_dir(P.suite, "problems"))
-chosen = forcing_plan.select_rollouts(rollouts, P.forcing.which, P.forcing.max_rollouts)
-print(f"{len(chosen)} of {len(rollouts)} rollouts ({P.forcing.which}), "
-      f"{chosen.problem_id.nunique()} problems, {int(chosen.n_tokens.sum())} response tokens")
+CHOSEN = forcing_plan.choose(ROLLOUTS, SELECTION, P)
+forcing_plan.counts(CHOSEN, ROLLOUTS, SELECTION)
+
+# %%
+CHOSEN.groupby(["group", "temperature"]).size().unstack(fill_value=0)
 
 # %% [markdown]
 # ## Forward the checkpoint once, compare with the cached reference
@@ -67,62 +77,72 @@ print(f"{len(chosen)} of {len(rollouts)} rollouts ({P.forcing.which}), "
 # hidden states and LM head are cached. Each checkpoint is then forwarded once; while its
 # hidden states are in memory, both LM heads are applied chunk by chunk and every metric
 # is computed without ever holding a full tokens × vocabulary tensor. The table is
-# written in atomic shards, so an interrupted run resumes where it stopped.
+# written in atomic shards, so an interrupted run resumes where it stopped. A complete
+# table computed from the same inputs is reused without loading a model; one computed
+# from other inputs is refused, naming what changed (`-p overwrite True` recomputes it).
 
 # %%
-ckpt = None if storage.is_complete(out_dir) else models.load_model(P.checkpoint, P)
-seqs = forcing_plan.sequences(P, chosen, problems, ckpt)
-seqs.facts()
-
-# %%
-if ckpt is not None:
-    forcing_plan.run_checkpoint(P, seqs, ckpt)
-print(f"{P.checkpoint} vs {P.reference}: {storage.read_manifest(out_dir)['rows']} rows in {out_dir}")
+SEQS = forcing_plan.sequences(P, CHOSEN, PROBLEMS)
+KEY = forcing_plan.table_key(P, SEQS, P.checkpoint, P.reference, ROLLOUTS_SHA)
+if storage.plan_reuse(OUT, KEY, overwrite):
+    print(f"reusing {OUT}: complete, same inputs (key {storage.read_manifest(OUT)['key_sha']})")
+else:
+    forcing_plan.run_checkpoint(P, SEQS, models.load_model(P.checkpoint, P), ROLLOUTS_SHA,
+                                overwrite)
+print(f"{P.checkpoint} vs {P.reference}: {storage.read_manifest(OUT)['rows']} rows in {OUT}")
 
 # %% [markdown]
 # Other configured pairs that include this checkpoint (e.g. a later checkpoint against an
 # earlier one) come from the two hidden-state caches and LM heads, without a forward.
 
 # %%
-for folder in forcing_plan.run_cached_pairs(P, seqs):
-    print("pair written:", folder)
+for folder in forcing_plan.run_cached_pairs(P, SEQS, ROLLOUTS_SHA, overwrite):
+    print("pair:", folder)
 
 # %% [markdown]
 # ## What the table says
 #
-# One row per response token. Rollouts ranked by their largest reverse KL, KL(ref‖ckpt):
-# the divergence that the forced tokens, sampled from the reference, estimate.
+# One row per response token, with its group, failure type and sampling temperature.
 
 # %%
-tokens = storage.read_table(out_dir)
-assert set(tokens.checkpoint) == {P.checkpoint}
-tokens.describe(percentiles=[0.5, 0.9, 0.99])[["kl_ref_ckpt", "kl_ckpt_ref", "js", "entropy_ref", "entropy_ckpt"]]
-
-# %%
-summary = views.rollout_summary(tokens)
-summary.head(10)
+TOKENS = storage.read_table(OUT)
+TOKENS.groupby("group")[["kl_ref_ckpt", "kl_ckpt_ref", "js", "dlogp", "entropy_ref"]].describe(
+    percentiles=[0.5, 0.9]).T.round(4)
 
 # %% [markdown]
-# The tokens where the checkpoint disagrees most with what the reference wrote, in context
-# (the token in [brackets]):
+# Where the checkpoint *rejects* the written token most (Δlogp most negative: it would
+# rather not write it) and where it *endorses* it most (Δlogp most positive), each
+# context once, the first response token left out:
 
 # %%
-views.top_tokens(tokens, "kl_ref_ckpt", n=12)
+RANKED = views.signed_rankings(TOKENS, n=10)
+RANKED["rejects"]
+
+# %%
+RANKED["endorses"]
 
 # %% [markdown]
-# The rollout with the largest single divergence, token by token, and the same response
-# shaded by KL(ref‖ckpt) (hover a token for its numbers).
+# The first response token is predicted from the prompt alone, so every rollout of a
+# problem repeats it; it is shown here once per problem, apart from the rankings.
 
 # %%
-worst = summary.index[0]
-views.show(views.trace_chart(tokens, worst),
+views.first_tokens(TOKENS).head(8)
+
+# %% [markdown]
+# The target rollout with the strongest rejection, token by token, and the same response
+# shaded by Δlogp on a fixed scale, the same on every page of the book (hover a token for
+# its numbers).
+
+# %%
+WORST = RANKED["rejects"].rollout_id.iloc[0]
+views.show(views.trace_chart(TOKENS, WORST, "kl_ref_ckpt"),
            save_as=paths.figures_dir(P.suite) / f"03_trace__{P.checkpoint}")
 
 # %%
-views.coloured_response(tokens, worst)
+views.coloured_response(TOKENS, WORST, "dlogp")
 
 # %% [markdown]
 # Provenance of this table: models, revisions and hashes, parameters, versions, commit.
 
 # %%
-{k: v for k, v in storage.read_manifest(out_dir).items() if k in ("suite", "models", "git", "engine", "rows")}
+{k: v for k, v in storage.read_manifest(OUT).items() if k in ("suite", "models", "git", "key_sha", "rows")}

@@ -19,6 +19,8 @@ import hashlib
 import random
 import re
 
+# Bump when the generator changes the problems it draws (tables key on it).
+GENERATOR_VERSION = 1
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.25
 

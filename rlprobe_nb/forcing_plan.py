@@ -2,33 +2,92 @@
 ``forcing``. Each model of the suite is forwarded over the chosen rollouts at most once:
 the reference on the first run (its cache serves every checkpoint), each checkpoint in its
 own run, and every configured pair whose two caches exist is computed from the caches.
+
+What is forced, by group (``forcing.groups``), so every effect has a contrast:
+  target     the reference's wrong rollouts of the selected problems (reference wrong,
+             RLVR target right), of the failure types in ``forcing.failure_types``
+             (default: finished and wrong — a boxed wrong answer, an empty box, no box;
+             ``truncated`` only if listed: an unfinished text is not a wrong answer)
+  ref_right  the reference's right rollouts of the same problems, where any exist
+  control    the rollouts of the control problems (reference right, target wrong)
+``forcing.max_rollouts`` caps each group with a seeded draw stratified by temperature and
+problem, so no temperature and no problem is dropped while others are kept whole.
 """
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 
-from . import forcing, models, provenance, storage
+from . import forcing, models, provenance, storage, suite_keys
 from .params import Params
 
+GROUPS = ("target", "ref_right", "control")
 
-def select_rollouts(rollouts: pd.DataFrame, which: str = "wrong",
-                    limit: int | None = None) -> pd.DataFrame:
-    """The rollouts to force: wrong (default), right (a control) or all. With ``limit``,
-    sample 0 of every problem first, then sample 1, ..., so every problem is represented."""
-    if which not in ("wrong", "right", "all"):
-        raise ValueError(f"which must be 'wrong', 'right' or 'all', got {which!r}")
-    chosen = rollouts if which == "all" else rollouts[rollouts.correct == (which == "right")]
-    if chosen.empty:
-        raise ValueError(f"no {which} rollouts in the rollouts table ({len(rollouts)} rows): "
-                         "rerun notebook 02 with more problems or samples, or set forcing.which")
-    if not limit:
-        return chosen
-    spread = chosen.assign(_rank=chosen.groupby("problem_id").cumcount())
-    keep = spread.sort_values(["_rank", "problem_id"], kind="stable").head(limit).index
-    return chosen.loc[chosen.index.isin(keep)]
+
+def assign_groups(rollouts: pd.DataFrame, selection: pd.DataFrame,
+                  failure_types: list[str]) -> pd.DataFrame:
+    """Every rollout with its group (or None: not forced), from the selection of 01."""
+    group_of = selection.set_index("problem_id")["group"]
+    problem_group = rollouts["problem_id"].map(group_of)
+    group = pd.Series(None, index=rollouts.index, dtype=object)
+    selected = problem_group == "selected"
+    group[selected & rollouts["failure_type"].isin(failure_types)] = "target"
+    group[selected & (rollouts["failure_type"] == "correct")] = "ref_right"
+    group[problem_group == "control"] = "control"
+    return rollouts.assign(group=group)
+
+
+def stratified(df: pd.DataFrame, limit: int | None, seed: int) -> pd.DataFrame:
+    """At most ``limit`` rows, drawn so that every temperature and every problem stays as
+    evenly represented as the limit allows: each pick takes a row of the least-picked
+    temperature, then of the least-picked problem, ties broken by a seeded shuffle."""
+    if not limit or len(df) <= limit:
+        return df
+    rng = random.Random(seed)
+    order = list(df.index)
+    rng.shuffle(order)
+    by_temp, by_problem = Counter(), Counter()
+    temp = df["temperature"].fillna(-1.0)
+    left, chosen = set(order), []
+    for _ in range(limit):
+        pick = min((i for i in order if i in left),
+                   key=lambda i: (by_temp[temp[i]], by_problem[df.at[i, "problem_id"]]))
+        left.discard(pick)
+        chosen.append(pick)
+        by_temp[temp[pick]] += 1
+        by_problem[df.at[pick, "problem_id"]] += 1
+    return df.loc[sorted(chosen, key=order.index)]
+
+
+def choose(rollouts: pd.DataFrame, selection: pd.DataFrame, P: Params) -> pd.DataFrame:
+    """The rollouts to force, each with its ``group``, in a stable order."""
+    F = P.forcing
+    grouped = assign_groups(rollouts, selection, F.failure_types)
+    parts = [stratified(grouped[grouped["group"] == g], F.max_rollouts, F.seed)
+             for g in F.groups]
+    chosen = pd.concat(parts) if parts else grouped.iloc[:0]
+    if not (chosen["group"] == "target").any() and "target" in F.groups:
+        found = grouped.loc[grouped["problem_id"].map(
+            selection.set_index("problem_id")["group"]) == "selected", "failure_type"]
+        raise ValueError(
+            f"no target rollouts: the selected problems' rollouts are of types "
+            f"{dict(Counter(found))}, and forcing.failure_types is {F.failure_types}; add "
+            "the types you want forced (e.g. truncated) or rerun 02 with more tokens or samples")
+    return chosen.sort_values(["group", "problem_id", "sample"], kind="stable")
+
+
+def counts(chosen: pd.DataFrame, rollouts: pd.DataFrame, selection: pd.DataFrame) -> pd.DataFrame:
+    """Rollouts by group of problem x failure type, and how many of each are forced."""
+    group_of = selection.set_index("problem_id")["group"]
+    all_ = rollouts.assign(problems=rollouts["problem_id"].map(group_of))
+    table = all_.groupby(["problems", "failure_type"]).size().rename("rollouts").to_frame()
+    forced = chosen.assign(problems=chosen["problem_id"].map(group_of)).groupby(
+        ["problems", "failure_type"]).size().rename("forced")
+    return table.join(forced).fillna(0).astype(int).reset_index()
 
 
 def engine_settings(P: Params) -> dict:
@@ -38,17 +97,31 @@ def engine_settings(P: Params) -> dict:
                 device=models.resolve_device(P.runtime.device))
 
 
-def sequences(P: Params, chosen: pd.DataFrame, problems: pd.DataFrame,
-              loaded: models.LoadedModel | None = None) -> forcing.SequenceSet:
-    """Forced sequences for the chosen rollouts, checked against the model's context."""
-    tok = loaded.tokenizer if loaded else models.load_tokenizer(P.reference, P)
-    context = forcing.model_context(loaded.model) if loaded else None
+def sequences(P: Params, chosen: pd.DataFrame, problems: pd.DataFrame) -> forcing.SequenceSet:
+    """Forced sequences for the chosen rollouts, checked against the models' context
+    (read from their configs: no weights are loaded)."""
+    tok = models.load_tokenizer(P.reference, P)
+    context = min(c for c in (models.model_context(P.reference, P),
+                              models.model_context(P.checkpoint, P)) if c) \
+        if P.checkpoint else models.model_context(P.reference, P)
     return forcing.build_sequences(chosen, problems, tok, P.prompt_template,
                                    max_context=context, context_policy=P.forcing.context_policy)
 
 
+def hidden_dir(P: Params, name: str) -> Path:
+    """The model's hidden-state cache, one folder per model identity."""
+    return forcing.hidden_dir(P.suite, name, models.model_identity(name, P))
+
+
+def _side(P: Params, name: str, loaded: models.LoadedModel | None = None,
+          cache: bool = True) -> forcing.Side:
+    return forcing.Side(name, loaded.model if loaded else None,
+                        loaded.tokenizer if loaded else None,
+                        hidden_dir(P, name) if cache else None, models.model_identity(name, P))
+
+
 def is_cached(P: Params, name: str, seqs: forcing.SequenceSet) -> bool:
-    cache = forcing.HiddenCache(forcing.hidden_dir(P.suite, name))
+    cache = forcing.HiddenCache(hidden_dir(P, name))
     return cache.exists() and not cache.missing(seqs.sequences)
 
 
@@ -57,9 +130,8 @@ def ensure_cached(P: Params, name: str, seqs: forcing.SequenceSet) -> None:
     (for the reference: the one-time cost that every checkpoint then reuses)."""
     if is_cached(P, name, seqs):
         return
-    lm = models.load_model(name, P)
-    side = forcing.Side(name, lm.model, lm.tokenizer, forcing.hidden_dir(P.suite, name))
-    forcing.forward_to_cache(seqs, side, **engine_settings(P))
+    forcing.forward_to_cache(seqs, _side(P, name, models.load_model(name, P)),
+                             **engine_settings(P))
 
 
 def needs_cache(P: Params, name: str) -> bool:
@@ -68,17 +140,31 @@ def needs_cache(P: Params, name: str) -> bool:
     return any(name in pair for pair in P.forcing.pairs)
 
 
-def run_checkpoint(P: Params, seqs: forcing.SequenceSet, ckpt: models.LoadedModel) -> Path:
+def table_key(P: Params, seqs: forcing.SequenceSet, checkpoint: str, reference: str,
+              rollouts_sha: str) -> dict:
+    inputs = suite_keys.tokens_inputs(P, checkpoint, reference, rollouts_sha)
+    return forcing.table_key(seqs, checkpoint, reference, P.forcing.topk, inputs)
+
+
+def _manifest(P: Params, names: list[str], seqs, extra=None) -> dict:
+    return provenance.manifest(
+        P, models=[{"name": m, **P.model_spec(m), "identity": models.model_identity(m, P)}
+                   for m in names],
+        extra={"producer": suite_keys.PRODUCERS["tokens"], "sequences": seqs.facts(),
+               **(extra or {})})
+
+
+def run_checkpoint(P: Params, seqs: forcing.SequenceSet, ckpt: models.LoadedModel,
+                   rollouts_sha: str, overwrite: bool = False) -> Path:
     """Forward the checkpoint once; compare it with the cached reference as it goes."""
     ensure_cached(P, P.reference, seqs)
-    cache = forcing.hidden_dir(P.suite, P.checkpoint) if needs_cache(P, P.checkpoint) else None
-    ref_prov = {"name": P.reference, **P.model_spec(P.reference)}
-    man = provenance.manifest(P, models=[ckpt.provenance, ref_prov],
-                              extra={"sequences": seqs.facts()})
+    man = _manifest(P, [P.checkpoint, P.reference], seqs)
+    man["models"][0].update(ckpt.provenance)
     return forcing.run_checkpoint(
-        seqs, forcing.Side(P.checkpoint, ckpt.model, ckpt.tokenizer, cache),
-        forcing.Side(P.reference, cache_dir=forcing.hidden_dir(P.suite, P.reference)),
-        forcing.pair_dir(P.suite, P.checkpoint, P.reference), provenance=man,
+        seqs, _side(P, P.checkpoint, ckpt, cache=needs_cache(P, P.checkpoint)),
+        _side(P, P.reference), forcing.pair_dir(P.suite, P.checkpoint, P.reference),
+        provenance=man, overwrite=overwrite,
+        key=suite_keys.tokens_inputs(P, P.checkpoint, P.reference, rollouts_sha),
         **engine_settings(P))
 
 
@@ -92,19 +178,19 @@ def extra_pairs(P: Params) -> list[tuple[str, str]]:
     return out
 
 
-def run_cached_pairs(P: Params, seqs: forcing.SequenceSet) -> list[Path]:
+def run_cached_pairs(P: Params, seqs: forcing.SequenceSet, rollouts_sha: str,
+                     overwrite: bool = False) -> list[Path]:
     """Every extra pair that can run now, from the two caches: no forward of a checkpoint."""
     done = []
     for a, b in extra_pairs(P):
-        folder = forcing.pair_dir(P.suite, a, b)
         # Checkpoints are forwarded only by their own run of 03; wait for both caches.
-        checkpoints = [m for m in (a, b) if m in P.steps]
-        if storage.is_complete(folder) or not all(is_cached(P, m, seqs) for m in checkpoints):
+        if not all(is_cached(P, m, seqs) for m in (a, b) if m in P.steps):
             continue
         for name in (a, b):
             if name not in P.steps:
                 ensure_cached(P, name, seqs)
-        man = provenance.manifest(P, models=[{"name": m, **P.model_spec(m)} for m in (a, b)])
-        forcing.compare_cached(seqs, a, b, folder, provenance=man, **engine_settings(P))
-        done.append(folder)
+        done.append(forcing.compare_cached(
+            seqs, _side(P, a), _side(P, b), forcing.pair_dir(P.suite, a, b),
+            provenance=_manifest(P, [a, b], seqs), overwrite=overwrite,
+            key=suite_keys.tokens_inputs(P, a, b, rollouts_sha), **engine_settings(P)))
     return done

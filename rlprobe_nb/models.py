@@ -234,6 +234,26 @@ def load_tokenizer(name: str, P: Params):
     return _finish_tokenizer(AutoTokenizer.from_pretrained(source, local_files_only=True))
 
 
+def model_context(name: str, P: Params) -> int | None:
+    """The model's context length from its config alone (no weights are loaded)."""
+    from transformers import AutoConfig
+
+    spec = P.model_spec(name)
+    kind = spec["kind"]
+    if kind == "peft":
+        return model_context(spec["base"], P)
+    if kind == "hub":
+        cfg = AutoConfig.from_pretrained(spec["id"], revision=_hub_commit(spec["id"], spec.get("revision")))
+    else:
+        if kind == "local":
+            source = paths.resolve(spec["path"])
+        else:
+            from . import gguf_cache
+            source = gguf_cache.convert_gguf(gguf_file(spec), paths.cache_dir() / "models")
+        cfg = AutoConfig.from_pretrained(str(source), local_files_only=True)
+    return getattr(cfg, "max_position_embeddings", None)
+
+
 def describe(P: Params) -> pd.DataFrame:
     """One row per model of the suite: role, step and where it comes from."""
     rows = []

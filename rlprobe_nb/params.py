@@ -13,7 +13,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -79,13 +81,18 @@ class RolloutsParams:
 
 @dataclass
 class ForcingParams:
-    which: str = "wrong"  # wrong | right | all
+    # What is forced (forcing_plan): the target group (the reference's wrong rollouts of
+    # selected problems, of these failure types) and the contrast groups listed.
+    groups: list[str] = field(default_factory=lambda: ["target", "ref_right", "control"])
+    failure_types: list[str] = field(default_factory=lambda: ["boxed_wrong", "empty_box",
+                                                              "no_box"])
+    max_rollouts: Optional[int] = None  # per group, stratified by temperature and problem
+    seed: int = 0  # of the stratified draw under max_rollouts
     batch_tokens: int = 4096
     chunk_positions: int = 256
     topk: int = 5
     context_policy: str = "skip"  # skip | error
     pairs: list[list[str]] = field(default_factory=list)
-    max_rollouts: Optional[int] = None
     compile_body: Optional[bool] = None  # torch.compile the decoder layers; None: on CUDA
 
 
@@ -98,12 +105,53 @@ class RuntimeParams:
 CHOICES = {
     "problems.source": ("demo", "hub", "file", "prior"),
     "rollouts.source": ("generate", "prior"),
-    "forcing.which": ("wrong", "right", "all"),
+    "forcing.groups": ("target", "ref_right", "control"),
+    "forcing.failure_types": ("correct", "boxed_wrong", "empty_box", "no_box", "truncated",
+                              "imported"),
     "forcing.context_policy": ("skip", "error"),
     "runtime.device": ("auto", "cpu", "cuda"),
     "runtime.dtype": ("float32", "bfloat16", "float16"),
     "model.kind": ("hub", "local", "gguf", "peft"),
 }
+
+# Allowed ranges (inclusive), checked at load so a bad value fails before any work.
+RANGES = {
+    "problems.n": (1, None), "problems.limit": (1, None),
+    "grading.timeout_s": (0.01, 3600.0), "grading.workers": (1, 256),
+    "filtering.n_samples": (0, None), "filtering.temperature": (0.0, 10.0),
+    "filtering.max_new_tokens": (1, None), "filtering.batch_size": (1, None),
+    "filtering.ref_max_pass": (0.0, 1.0), "filtering.target_min_pass": (0.0, 1.0),
+    "filtering.control_ref_min_pass": (0.0, 1.0), "filtering.control_target_max_pass": (0.0, 1.0),
+    "rollouts.n_per_problem": (1, None), "rollouts.temperatures": (0.0, 10.0),
+    "rollouts.max_new_tokens": (1, None), "rollouts.batch_size": (1, None),
+    "forcing.batch_tokens": (1, None), "forcing.chunk_positions": (1, None),
+    "forcing.topk": (1, 1000), "forcing.max_rollouts": (1, None),
+}
+
+# Suite, model and checkpoint names become folder names: plain names only.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+
+
+def check_name(name: Any, what: str, where: str = "") -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+        raise ParamsError(f"{where + ': ' if where else ''}{what} {name!r} is not a plain name "
+                          "(letters, digits, '_', '-', '.'; no '/' or '..'): it names folders")
+    return name
+
+
+def _check_range(value: Any, dotted: str, where: str) -> None:
+    bounds = RANGES.get(dotted)
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ParamsError(f"{where}: {v!r} is not a finite number")
+        if bounds is None or v is None:
+            continue
+        low, high = bounds
+        if (low is not None and v < low) or (high is not None and v > high):
+            rng = f"[{low}, {high if high is not None else '∞'}]"
+            raise ParamsError(f"{where}: {v!r} is outside the allowed range {rng}")
+
 
 MODEL_KEYS = {
     "hub": {"kind", "id", "revision", "description"},
@@ -143,6 +191,7 @@ class Params:
     forcing: ForcingParams
     runtime: RuntimeParams
     files: list[str]
+    overrides: dict[str, Any] = field(default_factory=dict)  # as given to load()
 
     @property
     def checkpoints(self) -> list[str]:
@@ -215,8 +264,10 @@ def _build_section(cls, raw: Any, source: str, section: str, base=None):
         where = f"{source}: key '{section}.{key}'"
         value = _check_type(value, hints[key], where)
         choices = CHOICES.get(f"{section}.{key}")
-        if choices and value not in choices:
-            raise ParamsError(f"{where}: {value!r} is not one of {list(choices)}")
+        for v in value if isinstance(value, list) and choices else [value]:
+            if choices and v not in choices:
+                raise ParamsError(f"{where}: {v!r} is not one of {list(choices)}")
+        _check_range(value, f"{section}.{key}", where)
         values[key] = value
     return cls(**values)
 
@@ -246,9 +297,30 @@ def _check_model(name: str, spec: Any, source: str) -> dict:
     return dict(spec)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key repeated in one mapping (plain YAML keeps the
+    last one silently: a repeated ``forcing:`` section would drop the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ParamsError(f"{self.name}: key {key!r} appears twice, on lines "
+                                  f"{seen[key]} and {line}; keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loader = _UniqueKeyLoader(path.read_text(encoding="utf-8"))
+        loader.name = str(path)
+        try:
+            raw = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
@@ -277,10 +349,13 @@ def load(suite: Optional[str] = None, checkpoint: Optional[str] = None,
          overrides: Optional[dict[str, Any]] = None) -> Params:
     """Load and validate a suite's parameters (and one checkpoint's, when named).
 
-    ``overrides`` maps dotted keys to values (``{"forcing.batch_tokens": 2048}``); ``None``
-    values are ignored so notebook parameters can default to "use the YAML".
+    ``overrides`` maps dotted keys to values (``{"forcing.batch_tokens": 2048}``, or
+    ``"target"``/``"reference"`` for the roles); ``None`` values are ignored so notebook
+    parameters can default to "use the YAML". The applied ones are kept in
+    ``Params.overrides`` (manifests record them, so a later check of a table's currency
+    rebuilds its inputs with the same overrides).
     """
-    suite = active_suite(suite)
+    suite = check_name(active_suite(suite), "suite")
     folder = paths.suite_params_dir(suite)
     suite_file = folder / SUITE_FILE
     if not suite_file.exists():
@@ -294,14 +369,15 @@ def load(suite: Optional[str] = None, checkpoint: Optional[str] = None,
     models_raw = raw.get("models") or {}
     if not isinstance(models_raw, dict):
         raise ParamsError(f"{suite_file}: key 'models': expected a mapping of name -> model")
-    models = {name: _check_model(name, spec, str(suite_file)) for name, spec in models_raw.items()}
+    models = {check_name(name, "model", str(suite_file)): _check_model(name, spec, str(suite_file))
+              for name, spec in models_raw.items()}
 
     steps: dict[str, int] = {}
     ckpt_raw: dict[str, dict] = {}
     for f in sorted(folder.glob("*.yaml")):
         if f.name == SUITE_FILE:
             continue
-        name = f.stem
+        name = check_name(f.stem, "checkpoint", str(f))
         data = _read_yaml(f)
         _check_keys(data, CHECKPOINT_KEYS, f)
         if name in models:
@@ -337,8 +413,10 @@ def load(suite: Optional[str] = None, checkpoint: Optional[str] = None,
                 sections[name] = _build_section(
                     SECTIONS[name], ckpt_raw[checkpoint][name], str(ck_file), name, sections[name]
                 )
-    for dotted, value in (overrides or {}).items():
-        if value is None:
+    applied = {k: v for k, v in (overrides or {}).items() if v is not None}
+    for dotted, value in applied.items():
+        if dotted in ("target", "reference"):
+            raw = {**raw, dotted: value}
             continue
         section, _, key = dotted.partition(".")
         if section not in SECTIONS or not key:
@@ -376,6 +454,7 @@ def load(suite: Optional[str] = None, checkpoint: Optional[str] = None,
         steps=steps,
         checkpoint=checkpoint,
         files=files,
+        overrides=applied,
         **sections,
     )
 

@@ -32,20 +32,28 @@ def params_dir() -> Path:
 
 
 def suite_params_dir(suite: str) -> Path:
-    return params_dir() / suite
+    return params_dir() / _plain(suite)
 
 
 def notebooks_dir() -> Path:
     return REPO_ROOT / "notebooks"
 
 
+def _plain(suite: str) -> str:
+    """Suite names become folder names: refuse anything that could leave the folder."""
+    if not isinstance(suite, str) or not suite or "/" in suite or "\\" in suite \
+            or suite.startswith(".") or suite != suite.strip():
+        raise ValueError(f"suite name {suite!r} is not a plain folder name")
+    return suite
+
+
 def data_dir(suite: str) -> Path:
-    return out_root() / "data" / suite
+    return out_root() / "data" / _plain(suite)
 
 
 def shipped_dir(suite: str) -> Path:
     """Inputs committed with the book for this suite (e.g. the demo LoRA adapters)."""
-    return REPO_ROOT / "data" / suite / "shipped"
+    return REPO_ROOT / "data" / _plain(suite) / "shipped"
 
 
 def table_dir(suite: str, table: str) -> Path:
@@ -53,7 +61,7 @@ def table_dir(suite: str, table: str) -> Path:
 
 
 def figures_dir(suite: str) -> Path:
-    return out_root() / "figures" / suite
+    return out_root() / "figures" / _plain(suite)
 
 
 def cache_dir() -> Path:

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 import pandas as pd
 
 from . import grading, schemas
-from .prompting import prompt_ids
+from .prompting import prompt_ids, special_token_texts, text_ids
 
 COLUMNS = schemas.PROBLEMS.names
 
@@ -111,27 +111,56 @@ def read_records(path: str | os.PathLike) -> list[dict]:
         raise ProblemsError(f"problem file {path} does not exist (problems.path in the suite params)")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        return pd.read_parquet(path).to_dict("records")
+        return [{k: _text(v, f"{path} row {i} column {k!r}") for k, v in r.items()}
+                for i, r in enumerate(pd.read_parquet(path).to_dict("records"))]
     if suffix == ".jsonl":
         records = []
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    records.append(json.loads(line, object_pairs_hook=_unique_pairs(f"{path}:{n}")))
                 except json.JSONDecodeError as e:
                     raise ProblemsError(f"{path}:{n}: not valid JSON ({e.msg})") from None
         return records
     if suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ProblemsError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        data = read_json_strict(path)
         if isinstance(data, dict):  # {unique_id: {...}}
             return [{"unique_id": k, **v} for k, v in data.items()]
         if isinstance(data, list):
             return data
         raise ProblemsError(f"{path}: expected a list of problems or an object keyed by id")
     raise ProblemsError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
+
+
+def _unique_pairs(where: str):
+    """A json object_pairs_hook that refuses a repeated key (plain json keeps the last)."""
+    def build(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ProblemsError(f"{where}: key {k!r} appears twice in one object; "
+                                    "every id must be unique (fix the file)")
+            seen.add(k)
+        return dict(pairs)
+    return build
+
+
+def read_json_strict(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_pairs(str(path)))
+    except json.JSONDecodeError as e:
+        raise ProblemsError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _text(value, where: str):
+    """Text stored as bytes (a binary parquet column) decoded as UTF-8, never str(b'..')."""
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ProblemsError(f"{where}: bytes that are not UTF-8 text ({e}); store the "
+                                "column as text") from None
+    return value
 
 
 def from_file(path: str | os.PathLike) -> pd.DataFrame:
@@ -234,7 +263,7 @@ def read_prior_responses(path: str | os.PathLike) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise ProblemsError(f"prior responses file {path} does not exist")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = read_json_strict(path)
     if not isinstance(data, dict):
         raise ProblemsError(f"{path}: expected an object {{unique_id: {{response, correct, "
                             "ground_truth}}}}")
@@ -269,7 +298,8 @@ def regrade_prior(prior: pd.DataFrame, problems: pd.DataFrame, model: str,
         "temperature": float("nan"), "seed": None, "response": prior["response"].values,
         "n_tokens": None, "finish_reason": "imported",
         "extracted": [g.extracted for g in grades], "grade_method": [g.method for g in grades],
-        "n_boxes": [g.n_boxes for g in grades], "correct": [g.correct for g in grades]})
+        "n_boxes": [g.n_boxes for g in grades], "correct": [g.correct for g in grades],
+        "failure_type": ["correct" if g.correct else "imported" for g in grades]})
     cmp = prior.assign(gold=golds, extracted=answers["extracted"].values,
                        grade_method=answers["grade_method"].values,
                        correct=answers["correct"].values)
@@ -281,41 +311,33 @@ def regrade_prior(prior: pd.DataFrame, problems: pd.DataFrame, model: str,
 
 
 def rollouts_from_text(answers: pd.DataFrame, problems: pd.DataFrame, tokenizer,
-                       template: str) -> pd.DataFrame:
+                       template: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Imported (text-only) responses as rollouts: prompt ids from the chat template,
-    response ids from tokenizing the text on its own without special tokens."""
+    response ids from ``prompting.text_ids`` (tokenized on their own, no special tokens
+    added, special-token text kept as text and flagged ``special_token_text``).
+
+    Returns (rollouts, set_aside): rows that cannot be forced (an empty response) are set
+    aside with the reason, never altered and never silently dropped."""
     if answers.empty:
         raise ProblemsError("no imported responses to turn into rollouts")
-    empty = answers.loc[answers["response"].str.strip() == "", "problem_id"].tolist()
-    if empty:
-        raise ProblemsError(f"{len(empty)} imported responses are empty, e.g. {empty[:3]}; "
-                            "drop them from the import")
+    empty = answers["response"].fillna("").str.strip() == ""
+    set_aside = answers.loc[empty, ["model", "problem_id"]].assign(reason="empty response")
     text = problems.set_index("problem_id")["problem"]
     rows = []
-    for a in answers.itertuples(index=False):
-        ids = tokenizer(a.response, add_special_tokens=False)["input_ids"]
+    for a in answers[~empty].itertuples(index=False):
+        ids = text_ids(tokenizer, a.response)
+        flags = "special_token_text" if special_token_texts(tokenizer, a.response) else ""
         rows.append({
             "model": a.model, "problem_id": a.problem_id,
             "rollout_id": f"{a.problem_id}#{int(a.sample)}", "sample": int(a.sample),
             "temperature": float("nan"), "seed": None,
             "prompt_ids": prompt_ids(tokenizer, text[a.problem_id], template),
-            "response_ids": [int(i) for i in ids], "response": a.response,
+            "response_ids": ids, "response": a.response,
             "n_tokens": len(ids), "finish_reason": "imported", "token_method": "text",
             "extracted": a.extracted, "grade_method": a.grade_method,
-            "n_boxes": int(a.n_boxes), "correct": bool(a.correct)})
-    return pd.DataFrame(rows, columns=schemas.ROLLOUTS.names)
-
-
-def write_if_changed(folder, df: pd.DataFrame, schema, manifest: dict) -> bool:
-    """Write a small table unless an identical complete one is already there (so a rerun
-    keeps the original manifest). Returns True when it wrote."""
-    from . import storage
-
-    if storage.is_complete(folder):
-        old = storage.read_table(folder)
-        if list(old.columns) == list(df.columns) and len(old) == len(df):
-            cur = df.reset_index(drop=True).astype(old.dtypes.to_dict(), errors="ignore")
-            if old.equals(cur):
-                return False
-    storage.write_table(folder, df, schema, manifest)
-    return True
+            "n_boxes": int(a.n_boxes), "correct": bool(a.correct),
+            "failure_type": "correct" if a.correct else "imported", "flags": flags})
+    if not rows:
+        raise ProblemsError(f"all {len(answers)} imported responses are empty: nothing to force")
+    return (pd.DataFrame(rows, columns=schemas.ROLLOUTS.names),
+            set_aside.reset_index(drop=True))

@@ -90,6 +90,8 @@ def manifest(params=None, models: Optional[list[dict]] = None, seeds: Optional[d
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "suite": getattr(params, "suite", None),
         "params": params.as_dict() if params is not None else None,
+        # notebook overrides of the parameter files: a currency check rebuilds with them
+        "overrides": getattr(params, "overrides", {}) if params is not None else {},
         "param_files": getattr(params, "files", None),
         "models": models or [],
         "seeds": seeds or {},

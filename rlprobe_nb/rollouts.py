@@ -30,6 +30,10 @@ from .statistics import seed_from
 
 ANSWER_COLUMNS = schemas.ANSWERS.names
 
+# What a response is, in the order the book reports them.
+FAILURE_TYPES = ("correct", "boxed_wrong", "empty_box", "no_box", "truncated", "imported",
+                 "ungraded")
+
 
 def sample_seed(seed: int, problem_id: str, sample: int) -> int:
     return seed_from("rollout", int(seed), problem_id, int(sample))
@@ -165,7 +169,8 @@ def generate_rollouts(model, tokenizer, problems: pd.DataFrame, *, model_name: s
         "response": t["response"], "n_tokens": len(t["response_ids"]),
         "finish_reason": t["finish_reason"], "token_method": "generated",
         "extracted": g.extracted, "grade_method": g.method, "n_boxes": g.n_boxes,
-        "correct": g.correct} for t, g in zip(tasks, grades)]
+        "correct": g.correct, "failure_type": failure_type(g.correct, t["finish_reason"], g.method),
+        "flags": ""} for t, g in zip(tasks, grades)]
     df = pd.DataFrame(rows, columns=schemas.ROLLOUTS.names)
     return df.sort_values(["problem_id", "sample"], kind="stable").reset_index(drop=True)
 
@@ -181,19 +186,6 @@ def problem_chunks(problem_ids: list[str], per_chunk: int) -> list[list[str]]:
     return [ids[i:i + per_chunk] for i in range(0, len(ids), per_chunk)]
 
 
-def sharded_run(table: storage.ShardedTable, fingerprint: str, jobs: list[tuple[str, Callable]],
-                manifest: dict, overwrite: bool = False, progress: bool = True) -> list[str]:
-    """Run ``jobs`` ([(shard key, fn -> DataFrame)]) skipping finished shards, then write
-    the manifest. Returns the keys that were computed this time (empty on a full resume)."""
-    table.begin(fingerprint, overwrite=overwrite)
-    done = table.done()
-    todo = [(k, fn) for k, fn in jobs if k not in done]
-    for key, fn in tqdm(todo, desc=f"{table.folder.name} shards", disable=not progress):
-        table.write_shard(key, fn())
-    table.finish(manifest, [k for k, _ in jobs])
-    return [k for k, _ in todo]
-
-
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
@@ -202,50 +194,76 @@ def sample_to_table(folder, schema, model_names: list[str], loader: Callable,
                     problems: pd.DataFrame, *, template: str, n_per_problem: int,
                     temperatures: list[float], max_new_tokens: int, seed: int,
                     batch_size: int, timeout_s: float, workers: int, manifest: dict,
-                    overwrite: bool = False) -> pd.DataFrame:
+                    key: dict, overwrite: bool = False) -> pd.DataFrame:
     """Sample every model over ``problems`` into a sharded, resumable table.
 
-    Shards are (model, chunk of problems in id order); a rerun with the same inputs loads
-    no model and recomputes nothing already written. ``loader(name)`` returns an object
-    with ``.model``, ``.tokenizer`` and ``.provenance`` (models.LoadedModel).
-    ``schema`` is schemas.ROLLOUTS, or schemas.ANSWERS to keep the answers view only.
+    Shards are (model, chunk of problems in id order). ``key`` (suite_keys) is everything
+    the rows depend on: a complete table with the same key is read back without loading a
+    model; another key is refused, naming the differences, unless ``overwrite``.
+    ``loader(name)`` returns an object with ``.model``, ``.tokenizer`` and ``.provenance``
+    (models.LoadedModel). ``schema`` is schemas.ROLLOUTS, or schemas.ANSWERS to keep the
+    answers view only.
     """
-    from .storage import RUN_FILE, ShardedTable, atomic_write_json, fingerprint, read_json
-
     model_names = list(dict.fromkeys(model_names))  # target == reference: sample once
-    settings = dict(models=model_names, problems=sorted(problems["problem_id"]),
-                    template=template, n_per_problem=n_per_problem,
-                    temperatures=[float(t) for t in temperatures],
-                    max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size,
-                    grader=grading.grader_info(), columns=schema.names)
-    fp = fingerprint(settings)
-    table = ShardedTable(folder, schema)
-    run = table.folder / RUN_FILE
-    if (not overwrite and storage.is_complete(table.folder) and run.exists()
-            and read_json(run).get("fingerprint") == fp):
+    table = storage.ShardedTable(folder, schema, unique=["model", "problem_id", "sample"])
+    if table.begin(key, overwrite=overwrite, what=f"(sampling {', '.join(model_names)})"):
+        table.release()
+        print(f"reusing {table.folder}: complete, same inputs (key {storage.read_manifest(folder)['key_sha']})")
         return storage.read_table(table.folder)
-    table.begin(fp, overwrite=overwrite)
-    per_chunk = max(1, batch_size // n_per_problem)
-    chunks = problem_chunks(problems["problem_id"].tolist(), per_chunk)
+    chunks = problem_chunks(problems["problem_id"].tolist(), max(1, batch_size // n_per_problem))
     by_id = problems.set_index("problem_id", drop=False)
-    expected, done = [], table.done()
-    for name in model_names:
-        keys = [f"{_safe(name)}__{i:04d}" for i in range(len(chunks))]
-        expected += keys
-        todo = [(k, c) for k, c in zip(keys, chunks) if k not in done]
-        if not todo:
-            continue
-        lm = loader(name)
-        atomic_write_json(table.folder / f"_prov-{_safe(name)}.json", lm.provenance)
-        for key, chunk in tqdm(todo, desc=f"{table.folder.name}: {name}"):
+    loaded: dict = {}
+
+    def job(name: str, chunk: list[str]) -> Callable[[], pd.DataFrame]:
+        def sample() -> pd.DataFrame:
+            if name not in loaded:
+                loaded.clear()  # one model in memory at a time
+                loaded[name] = loader(name)
+                storage.atomic_write_json(table.folder / f"_prov-{_safe(name)}.json",
+                                          loaded[name].provenance)
+            lm = loaded[name]
             df = generate_rollouts(lm.model, lm.tokenizer, by_id.loc[chunk].reset_index(drop=True),
                                    model_name=name, template=template,
                                    n_per_problem=n_per_problem, temperatures=temperatures,
                                    max_new_tokens=max_new_tokens, seed=seed,
                                    batch_size=batch_size, timeout_s=timeout_s,
                                    workers=workers, progress=False)
-            table.write_shard(key, df[schema.names])
-        del lm
-    provenance = [read_json(p) for p in sorted(table.folder.glob("_prov-*.json"))]
-    table.finish({**manifest, "models": provenance, "sampling": settings}, expected)
+            return df[schema.names]
+        return sample
+
+    jobs = [(f"{_safe(name)}__{i:04d}", job(name, chunk))
+            for name in model_names for i, chunk in enumerate(chunks)]
+    settings = dict(models=model_names, template=template, n_per_problem=n_per_problem,
+                    temperatures=[float(t) for t in temperatures],
+                    max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size)
+
+    def provenance() -> dict:
+        return {**manifest, "sampling": settings,
+                "models": [storage.read_json(p) for p in sorted(table.folder.glob("_prov-*.json"))]}
+
+    storage.run_shards(table, jobs, provenance)
+    loaded.clear()
     return storage.read_table(table.folder)
+
+
+def failure_type(correct: bool, finish_reason: str, grade_method: str) -> str:
+    """What kind of answer a response is (FAILURE_TYPES). A response cut at the token
+    limit is "truncated" unless it was graded right: it did not finish its reasoning, so
+    its last box (if any) is not its answer."""
+    if correct:
+        return "correct"
+    if finish_reason == "length":
+        return "truncated"
+    if finish_reason == "imported":
+        return "imported"
+    if grade_method in ("no_box", "empty_box"):
+        return grade_method
+    if grade_method in ("math_verify", "string", "too_long"):
+        return "boxed_wrong"
+    return "ungraded"  # the grader timed out, refused or failed: not the model's answer
+
+
+def with_failure_types(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its ``failure_type`` column (from correct, finish_reason, grade_method)."""
+    return df.assign(failure_type=[failure_type(bool(c), f, g) for c, f, g in
+                                   zip(df["correct"], df["finish_reason"], df["grade_method"])])

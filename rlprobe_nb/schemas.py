@@ -41,6 +41,7 @@ ANSWERS = pa.schema(
         ("grade_method", _str),
         ("n_boxes", _i16),
         ("correct", _bool),
+        ("failure_type", _str),  # rollouts.FAILURE_TYPES
     ]
 )
 
@@ -77,6 +78,10 @@ ROLLOUTS = pa.schema(
         ("grade_method", _str),
         ("n_boxes", _i16),
         ("correct", _bool),
+        # correct | boxed_wrong | empty_box | no_box (finished without a box) | truncated
+        # (cut at max_new_tokens) | imported | ungraded (the grader failed): rollouts.failure_type
+        ("failure_type", _str),
+        ("flags", _str),  # comma-separated notes, e.g. "special_token_text" for imported text
     ]
 )
 

@@ -510,6 +510,31 @@ def check_key(folder: Path, man: dict, expect_key: dict) -> None:
             "(with overwrite=True where it refuses to replace the table)")
 
 
+def plan_reuse(folder: str | os.PathLike, key: dict, overwrite: bool = False) -> bool:
+    """Before any expensive work: True when the table is complete with this key (reuse
+    it); False when it must be computed (missing, unfinished with this key, or
+    ``overwrite``); StaleTableError naming the differences when it holds another key."""
+    from .keys import describe_difference, key_sha
+
+    folder = Path(folder)
+    for name in (MANIFEST, RUN_FILE):
+        path = folder / name
+        if path.exists():
+            old = read_json(path).get("key")
+            if key_sha(old) != key_sha(key):
+                if overwrite:
+                    return False
+                raise StaleTableError(
+                    f"{folder} holds {'a table' if name == MANIFEST else 'an unfinished run'} "
+                    f"computed from other inputs ({describe_difference(old, key)}); rerun with "
+                    "overwrite=True (notebook parameter `-p overwrite True`) to recompute it, "
+                    "or restore the inputs")
+    if is_complete(folder):
+        verify(folder)
+        return True
+    return False
+
+
 class ShardedTable:
     """A table written shard by shard, each shard atomic and named by its unit of work.
 
@@ -592,3 +617,39 @@ class ShardedTable:
         finally:
             self.release()
         return self.folder
+
+
+def run_shards(table: ShardedTable, jobs: list[tuple[str, Any]], manifest, progress: bool = True
+               ) -> list[str]:
+    """The generic resumable loop: run ``jobs`` ([(shard key, fn -> DataFrame)]) of a begun
+    table, skipping finished shards, then write the manifest (``manifest``: a dict, or a
+    function returning one once the shards exist). Returns the keys computed this time."""
+    from tqdm.auto import tqdm
+
+    try:
+        done = table.done()
+        todo = [(k, fn) for k, fn in jobs if k not in done]
+        for key, fn in tqdm(todo, desc=f"{table.folder.name} shards", disable=not progress):
+            table.write_shard(key, fn())
+        table.finish(manifest() if callable(manifest) else manifest, [k for k, _ in jobs])
+    finally:
+        table.release()
+    return [k for k, _ in todo]
+
+
+def write_derived(folder: str | os.PathLike, df: pd.DataFrame, schema: pa.Schema,
+                  manifest: dict, key: dict, unique: list[str] | None = None) -> bool:
+    """A small table computed cheaply from its inputs (problems, selection, imported
+    rollouts): kept as it is when a complete, intact copy has the same key, rewritten
+    otherwise. Returns True when it wrote (downstream tables keyed on it then go stale)."""
+    from .keys import key_sha
+
+    folder = Path(folder)
+    if is_complete(folder) and read_json(folder / MANIFEST).get("key_sha") == key_sha(key):
+        try:
+            verify(folder)
+            return False
+        except DamagedTableError:
+            pass
+    write_table(folder, df, schema, manifest, key=key, unique=unique)
+    return True

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
+# Every KL named by its direction, in words.
 METRIC_LABELS = {
-    "kl_ref_ckpt": "KL(ref‖ckpt), nats",
-    "kl_ckpt_ref": "KL(ckpt‖ref), nats",
-    "js": "Jensen–Shannon, nats",
-    "k1": "k1 = log q(x) − log p(x)",
+    "kl_ref_ckpt": "KL(ref‖ckpt): checkpoint's surprise at what the reference would write, nats",
+    "kl_ckpt_ref": "KL(ckpt‖ref): reference's surprise at what the checkpoint would write, nats",
+    "js": "Jensen–Shannon divergence, nats",
+    "dlogp": "Δlogp = log p_ckpt − log p_ref of the written token, nats",
+    "k1": "k1 = log p_ref(x) − log p_ckpt(x), nats",
 }
 
 
@@ -45,10 +47,36 @@ def with_context(tokens: pd.DataFrame, rows: pd.DataFrame, width: int = 12) -> p
 
 def top_tokens(tokens: pd.DataFrame, metric: str = "kl_ref_ckpt", n: int = 15,
                width: int = 12) -> pd.DataFrame:
-    """The ``n`` rows with the largest ``metric``, with their context and both log-probs."""
-    rows = tokens.nlargest(n, metric)
-    cols = ["rollout_id", "pos", "token", metric, "logp_ref", "logp_ckpt", "rank_ref", "rank_ckpt"]
+    """The ``n`` rows with the largest ``metric`` (first response tokens excluded: they
+    depend on the prompt alone), with their context, both log-probs and Δlogp."""
+    rows = tokens[~tokens.first_token].nlargest(n, metric)
+    cols = ["rollout_id", "pos", "token", metric, "dlogp", "logp_ref", "logp_ckpt",
+            "rank_ref", "rank_ckpt"]
+    cols = list(dict.fromkeys(cols))
     return rows[cols].assign(context=with_context(tokens, rows, width)).reset_index(drop=True)
+
+
+def signed_rankings(tokens: pd.DataFrame, n: int = 10, width: int = 12) -> dict[str, pd.DataFrame]:
+    """Where the checkpoint *rejects* the written token most (most negative Δlogp) and
+    where it *endorses* it most (most positive), each context counted once and the first
+    response token kept out (see ``first_tokens``)."""
+    body = tokens[~tokens.first_token].drop_duplicates("context_id")
+    cols = ["group", "rollout_id", "pos", "token", "dlogp", "logp_ref", "logp_ckpt",
+            "rank_ref", "rank_ckpt", "kl_ref_ckpt", "kl_ckpt_ref"]
+    out = {}
+    for name, rows in (("rejects", body.nsmallest(n, "dlogp")),
+                       ("endorses", body.nlargest(n, "dlogp"))):
+        out[name] = rows[cols].assign(context=with_context(tokens, rows, width)).reset_index(drop=True)
+    return out
+
+
+def first_tokens(tokens: pd.DataFrame) -> pd.DataFrame:
+    """The first response token's prediction, once per problem (it depends on the prompt
+    alone, so every rollout of a problem repeats it)."""
+    first = tokens[tokens.first_token].drop_duplicates("context_id")
+    return first[["group", "problem_id", "token", "dlogp", "kl_ref_ckpt", "kl_ckpt_ref",
+                  "logp_ref", "logp_ckpt"]].sort_values("kl_ref_ckpt", ascending=False
+                                                       ).reset_index(drop=True)
 
 
 def trace_chart(tokens: pd.DataFrame, rollout_id: str, metric: str = "kl_ref_ckpt"):
@@ -85,24 +113,38 @@ def show(chart, save_as: str | Path | None = None):
     return SVG(svg)
 
 
-def coloured_response(tokens: pd.DataFrame, rollout_id: str, metric: str = "kl_ref_ckpt",
+# Full colour at these values, the same on every page of every suite, so steps and
+# rollouts can be compared by eye: |Δlogp| = 2 nats is a factor e^2 ~ 7 in probability.
+FIXED_SCALES = {"dlogp": 2.0, "kl_ref_ckpt": 1.0, "kl_ckpt_ref": 1.0, "js": 0.35}
+
+
+def coloured_response(tokens: pd.DataFrame, rollout_id: str, metric: str = "dlogp",
                       vmax: float | None = None):
-    """The response with each token shaded by ``metric``; hover shows the numbers."""
+    """The response with each token shaded by ``metric`` on a fixed scale (``vmax``,
+    default ``FIXED_SCALES[metric]``: the same on every page); signed metrics on a
+    diverging palette (blue: the checkpoint endorses the written token, red: rejects it).
+    Hover shows the numbers."""
     from IPython.display import HTML
 
     df = tokens[tokens.rollout_id == rollout_id].sort_values("pos")
-    top = vmax if vmax is not None else max(float(df[metric].quantile(0.99)), 1e-12)
+    top = vmax if vmax is not None else FIXED_SCALES[metric]
+    signed = metric == "dlogp"
     spans = []
     for row in df.itertuples():
         value = getattr(row, metric)
-        alpha = min(1.0, max(0.0, value / top))
+        alpha = min(1.0, abs(value) / top)
+        rgb = "33,102,172" if signed and value > 0 else "178,24,43"
         tip = (f"pos {row.pos} {row.token!r}\n{metric} = {value:.4g}\n"
                f"logp ref {row.logp_ref:.3f}, ckpt {row.logp_ckpt:.3f}\n"
-               f"rank ref {row.rank_ref}, ckpt {row.rank_ckpt}")
+               f"rank ref {row.rank_ref}, ckpt {row.rank_ckpt}\n"
+               f"KL(ref‖ckpt) {row.kl_ref_ckpt:.3g}, KL(ckpt‖ref) {row.kl_ckpt_ref:.3g}")
         text = html.escape(row.token if row.token else "∅").replace("\n", "⏎\n")
-        spans.append(f'<span title="{html.escape(tip)}" style="background: rgba(220,50,32,{alpha:.3f});'
+        spans.append(f'<span title="{html.escape(tip)}" style="background: rgba({rgb},{alpha:.3f});'
                      f'border-radius:2px">{text}</span>')
     body = "".join(spans)
+    legend = ("blue: the checkpoint gives the written token more probability, red: less"
+              if signed else f"shade: {METRIC_LABELS.get(metric, metric)}")
     return HTML(f'<div style="font-family: monospace; white-space: pre-wrap; line-height: 1.6; '
                 f'max-height: 24em; overflow-y: auto; border: 1px solid #ccc; padding: 6px">'
-                f"{body}</div><div style='font-size: 80%'>shade: {metric}, full at {top:.3g}</div>")
+                f"{body}</div><div style='font-size: 80%'>{legend}; full colour at |{metric}| = "
+                f"{top:.3g} (fixed scale, the same on every page)</div>")

@@ -1,4 +1,5 @@
-"""What notebook 03 forces and which caches it keeps."""
+"""What notebook 03 forces (groups, failure types, a stratified cap) and which caches it
+keeps (issue 15: groups, stratified max_rollouts)."""
 
 import pandas as pd
 import pytest
@@ -7,26 +8,55 @@ from rlprobe_nb import forcing_plan, params
 
 
 def rollouts():
-    return pd.DataFrame({"problem_id": ["a"] * 5 + ["b"] * 5 + ["c"] * 2,
-                         "sample": list(range(5)) * 2 + [0, 1],
-                         "correct": [False, True] * 6})
+    """3 selected problems (a, b, c) and a control one (d); 5 temperatures cycled."""
+    rows = []
+    types = ["boxed_wrong", "truncated", "correct", "no_box", "empty_box"]
+    for p, n in (("a", 10), ("b", 10), ("c", 5), ("d", 5)):
+        for s in range(n):
+            rows.append({"problem_id": p, "sample": s, "rollout_id": f"{p}#{s}",
+                         "temperature": [0.6, 0.7, 0.8, 0.9, 1.0][s % 5],
+                         "failure_type": types[(s + len(p)) % 5]})
+    df = pd.DataFrame(rows)
+    return df.assign(correct=df.failure_type == "correct")
 
 
-def test_limit_spreads_over_problems_in_table_order():
-    chosen = forcing_plan.select_rollouts(rollouts(), "all", 5)
-    assert chosen[["problem_id", "sample"]].values.tolist() == [
-        ["a", 0], ["a", 1], ["b", 0], ["b", 1], ["c", 0]]
+SELECTION = pd.DataFrame({"problem_id": list("abcd"),
+                          "group": ["selected", "selected", "selected", "control"]})
 
 
-def test_wrong_right_all():
+def test_groups_follow_the_selection_and_the_failure_types():
+    g = forcing_plan.assign_groups(rollouts(), SELECTION, ["boxed_wrong", "empty_box", "no_box"])
+    by = g.set_index("rollout_id")
+    assert set(by.loc[by.group == "target", "failure_type"]) == {"boxed_wrong", "empty_box", "no_box"}
+    assert set(by.loc[by.group == "ref_right", "failure_type"]) == {"correct"}
+    assert set(by.loc[by.group == "control", "problem_id"]) == {"d"}
+    assert by.loc[(by.problem_id != "d") & (by.failure_type == "truncated"), "group"].isna().all()
+    # truncated ones join only when the parameters say so
+    g2 = forcing_plan.assign_groups(rollouts(), SELECTION, ["truncated"])
+    assert set(g2.loc[g2.group == "target", "failure_type"]) == {"truncated"}
+
+
+def test_stratified_cap_keeps_every_temperature_and_problem():
     df = rollouts()
-    assert not forcing_plan.select_rollouts(df, "wrong").correct.any()
-    assert forcing_plan.select_rollouts(df, "right").correct.all()
-    assert len(forcing_plan.select_rollouts(df, "all")) == len(df)
-    with pytest.raises(ValueError, match="no right rollouts"):
-        forcing_plan.select_rollouts(df.assign(correct=False), "right")
-    with pytest.raises(ValueError, match="'wrong', 'right' or 'all'"):
-        forcing_plan.select_rollouts(df, "incorrect")
+    df = df[df.problem_id != "d"]
+    for seed in range(20):
+        got = forcing_plan.stratified(df, 6, seed)
+        assert len(got) == 6
+        assert set(got.temperature) == {0.6, 0.7, 0.8, 0.9, 1.0}, seed
+        assert set(got.problem_id) == {"a", "b", "c"}, seed
+    assert forcing_plan.stratified(df, 6, 1).equals(forcing_plan.stratified(df, 6, 1))
+    assert not forcing_plan.stratified(df, 6, 1).equals(forcing_plan.stratified(df, 6, 2))
+    assert forcing_plan.stratified(df, None, 0).equals(df)
+
+
+def test_choose_caps_each_group_and_refuses_an_empty_target():
+    P = params.load("demo")
+    P.forcing.max_rollouts = 3
+    chosen = forcing_plan.choose(rollouts(), SELECTION, P)
+    assert chosen.groupby("group").size().to_dict() == {"control": 3, "ref_right": 3, "target": 3}
+    P.forcing.failure_types = ["imported"]
+    with pytest.raises(ValueError, match="no target rollouts.*truncated"):
+        forcing_plan.choose(rollouts(), SELECTION, P)
 
 
 def test_only_checkpoints_in_a_pair_keep_their_hidden_states():

@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlprobe_nb import forcing_plan, paths, storage
+from rlprobe_nb import forcing_plan, params, paths, storage
 
 NB = paths.notebooks_dir()
 PAPERMILL = [sys.executable, "-m", "papermill", "--no-progress-bar"]
@@ -80,13 +80,14 @@ def small_demo_params(root):
     cfg["problems"].update(n=3)
     cfg["filtering"].update(n_samples=1, max_new_tokens=40, ref_max_pass=1.0, target_min_pass=0.0)
     cfg["rollouts"].update(n_per_problem=2, max_new_tokens=40)
-    cfg["forcing"].update(which="all", max_rollouts=4)
+    cfg["forcing"].update(failure_types=["boxed_wrong", "empty_box", "no_box", "truncated"],
+                          max_rollouts=4)
     suite_file.write_text(yaml.safe_dump(cfg))
     return root
 
 
 @pytest.mark.slow
-def test_demo_chain_01_02_03_reads_as_a_user_would(tmp_path, out_env):
+def test_demo_chain_01_02_03_reads_as_a_user_would(tmp_path, out_env, monkeypatch):
     env = {**out_env, "RLPROBE_PARAMS": str(small_demo_params(tmp_path / "params"))}
     for nb in ("01_filtering", "02_rollouts"):
         result = papermill(f"{nb}.ipynb", tmp_path / f"{nb}.ipynb", env=env)
@@ -99,8 +100,13 @@ def test_demo_chain_01_02_03_reads_as_a_user_would(tmp_path, out_env):
 
     data = Path(env["RLPROBE_OUT"]) / "data" / "demo"
     tokens = storage.read_table(data / "tokens" / "rlvr_step_1200__vs__dpo")
-    rollouts = forcing_plan.select_rollouts(storage.read_table(data / "rollouts"), "all", 4)
+    monkeypatch.setenv("RLPROBE_PARAMS", env["RLPROBE_PARAMS"])
+    P = params.load("demo", "rlvr_step_1200")
+    rollouts = forcing_plan.choose(storage.read_table(data / "rollouts"),
+                                   storage.read_table(data / "selection"), P)
     assert set(tokens.checkpoint) == {"rlvr_step_1200"} and set(tokens.reference) == {"dpo"}
+    assert set(tokens.rollout_id) == set(rollouts.rollout_id)
+    assert set(tokens.group) <= {"target", "ref_right", "control"}
     assert len(tokens) == int(rollouts.n_tokens.sum()), "one row per response token, EOS included"
     for r in rollouts.itertuples():
         rows = tokens[tokens.rollout_id == r.rollout_id].sort_values("pos")
@@ -128,7 +134,7 @@ def test_prior_project_import_flows_through_02_and_03(tmp_path, out_env):
     cfg["problems"] = {"source": "prior", "path": str(prior / "filtered_problems.json")}
     cfg["filtering"].update(n_samples=0, max_new_tokens=16, ref_max_pass=1.0, target_min_pass=0.0)
     cfg["rollouts"] = {"source": "prior", "prior_path": str(prior / "dpo_responses.json")}
-    cfg["forcing"].update(which="all", pairs=[])
+    cfg["forcing"].update(failure_types=["imported"], pairs=[])
     suite_file.write_text(yaml.safe_dump(cfg))
     env = {**out_env, "RLPROBE_PARAMS": str(root)}
     for nb in ("01_filtering", "02_rollouts"):

@@ -147,7 +147,9 @@ def test_sharded_run_resumes_without_recomputing(tmp_path):
         return fn
 
     jobs = [(k, job(k)) for k in ("a", "b")]
-    assert rollouts.sharded_run(table, "fp", jobs, {"x": 1}, progress=False) == ["a", "b"]
-    assert rollouts.sharded_run(table, "fp", jobs, {"x": 1}, progress=False) == []
+    table.begin("fp")
+    assert storage.run_shards(table, jobs, {"x": 1}, progress=False) == ["a", "b"]
+    table.begin("fp")
+    assert storage.run_shards(table, jobs, {"x": 1}, progress=False) == []
     assert calls == ["a", "b"] and storage.is_complete(tmp_path / "t")
     assert len(storage.read_table(tmp_path / "t")) == 2

@@ -5,15 +5,56 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from rlprobe_nb.statistics import (cluster_bootstrap_ci, mcnemar_exact, rate_table, seed_from,
-                                   wilson_ci)
+from rlprobe_nb.statistics import (clopper_pearson_ci, cluster_bootstrap_ci, mcnemar_exact,
+                                   rate_table, seed_from, wilson_ci)
+
+
+def wilson_closed_form(k, n, z=1.959963984540054):
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @pytest.mark.parametrize("k,n", [(0, 1), (1, 1), (0, 10), (3, 10), (7, 16), (50, 100), (999, 1000)])
-def test_wilson_matches_scipy(k, n):
-    ref = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+def test_wilson_matches_the_closed_form(k, n):
     lo, hi = wilson_ci(k, n)
-    assert lo == pytest.approx(ref.low, abs=1e-12) and hi == pytest.approx(ref.high, abs=1e-12)
+    want = wilson_closed_form(k, n)
+    assert lo == pytest.approx(want[0], abs=1e-12) and hi == pytest.approx(want[1], abs=1e-12)
+
+
+# Textbook values (Newcombe 1998, Stat. Med. 17:857, table I; Clopper & Pearson 1934):
+# (k, n) -> Wilson, Clopper-Pearson 95% limits to 4 decimals.
+TEXTBOOK = {(81, 263): ((0.2553, 0.3662), (0.2527, 0.3676)),
+            (15, 148): ((0.0624, 0.1605), (0.0578, 0.1617)),
+            (0, 20): ((0.0000, 0.1611), (0.0000, 0.1684)),
+            (1, 29): ((0.0061, 0.1718), (0.0009, 0.1776))}
+
+
+@pytest.mark.parametrize("k,n", sorted(TEXTBOOK))
+def test_wilson_and_clopper_pearson_match_textbook_values(k, n):
+    (wl, wh), (cl, ch) = TEXTBOOK[(k, n)]
+    assert wilson_ci(k, n) == pytest.approx((wl, wh), abs=1e-4)
+    assert clopper_pearson_ci(k, n) == pytest.approx((cl, ch), abs=1e-4)
+
+
+@pytest.mark.parametrize("n", [5, 20, 80])
+def test_clopper_pearson_never_undercovers(n):
+    """Exact coverage, summed over the binomial distribution on a grid of true rates."""
+    limits = [clopper_pearson_ci(k, n) for k in range(n + 1)]
+    for p in np.linspace(0.001, 0.999, 199):
+        pmf = stats.binom.pmf(np.arange(n + 1), n, p)
+        cover = sum(w for w, (lo, hi) in zip(pmf, limits) if lo <= p <= hi)
+        assert cover >= 0.95 - 1e-9, (n, p, cover)
+
+
+def test_rate_table_never_calls_a_collapsed_bootstrap_an_interval():
+    df = pd.DataFrame({"model": ["a"] * 80, "problem_id": np.repeat(np.arange(20), 4),
+                       "correct": [False] * 80})
+    row = rate_table(df, ["model"]).iloc[0]
+    assert np.isnan(row.boot_low) and "collapses" in row.boot_note
+    assert row.wilson_high == pytest.approx(0.0458, abs=1e-4)  # not [0, 0]
+    assert row.cp_high == pytest.approx(1 - 0.025 ** (1 / 80), abs=1e-12)
 
 
 def test_wilson_bad_input():
