@@ -67,7 +67,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import torch
-from tqdm.auto import tqdm
+from .progress import tqdm
 
 from . import divergence, paths, prompting, schemas, storage, tokenizers
 
