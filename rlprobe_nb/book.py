@@ -163,6 +163,16 @@ def export_html(executed: Path) -> tuple[Path, list[str]]:
     return atomic_write_text(executed.with_suffix(".html"), body), network_references(body)
 
 
+def unpair(executed: Path) -> None:
+    """Drop the jupytext pairing the chapter's metadata carries into its executed copy:
+    saved from JupyterLab, a result must not grow a .py twin beside it."""
+    import nbformat
+
+    nb = nbformat.read(executed, 4)
+    if nb.metadata.get("jupytext", {}).pop("formats", None) is not None:
+        nbformat.write(nb, executed)
+
+
 def _error_line(err: BaseException) -> str:
     if hasattr(err, "ename"):  # papermill's error from a cell
         return f"cell In [{err.exec_count}]: {err.ename}: {err.evalue}"
@@ -175,7 +185,9 @@ def _keep_failed(tmp: Path, failed: Path) -> Path | None:
     if not tmp.exists() or tmp.stat().st_size == 0:
         return None
     os.replace(tmp, failed)
+    failed.with_suffix(".html").unlink(missing_ok=True)  # an earlier failure's page
     try:
+        unpair(failed)
         export_html(failed)
     except Exception as err:  # the notebook itself is what matters; say why there is no page
         print(f"      (no HTML for {failed.name}: {type(err).__name__}: {err})", flush=True)
@@ -202,6 +214,7 @@ def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path) -> tuple[float
             if not isinstance(err, Exception):
                 raise
             raise NotebookFailed(nb, _error_line(err), kept) from err
+        unpair(tmp)
     for stale in (failed, failed.with_suffix(".html")):  # an old failure would mislead now
         stale.unlink(missing_ok=True)
     _, offline_problems = export_html(target)
@@ -211,8 +224,9 @@ def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path) -> tuple[float
 def report_failure(failure: NotebookFailed, out_dir: Path, stem: str) -> None:
     print(f"\nFAILED: {failure.notebook.name}: {failure.error}", file=sys.stderr)
     if failure.kept is not None:
-        print(f"  executed notebook with the traceback: {failure.kept}\n"
-              f"  and its page: {failure.kept.with_suffix('.html')}", file=sys.stderr)
+        print(f"  executed notebook with the traceback: {failure.kept}", file=sys.stderr)
+        if failure.kept.with_suffix(".html").exists():
+            print(f"  and its page: {failure.kept.with_suffix('.html')}", file=sys.stderr)
     else:
         print("  the run wrote no notebook (did the kernel start?)", file=sys.stderr)
     last_good = out_dir / f"{stem}.ipynb"
@@ -262,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  executed notebooks and HTML: {out_dir}")
     print(f"  tables (parquet + manifest.json): {paths.data_dir(P.suite)}")
     for page, problems in needs_network.items():
-        print(f"WARNING: {page} needs the network offline readers lack:\n    "
+        print(f"WARNING: {page} needs the network (offline, these outputs stay blank):\n    "
               + "\n    ".join(sorted(set(problems))), file=sys.stderr)
     return 0
 

@@ -46,6 +46,10 @@ class LabServer:
         kind = response.headers.get("Content-Type", "")
         return json.loads(raw) if raw and "json" in kind else raw.decode()
 
+    def browser_url(self, path: str = "/lab") -> str:
+        """A URL a browser can open (it logs in with the token), e.g. /lab/tree/notebooks/x.py"""
+        return f"{self.url}{path}?token={self.token}"
+
     def get(self, path: str, **query):
         return self.request("GET", path, **query)
 

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.timeout(600)
 def write_notebook(path: Path, *cells: str) -> Path:
     """A notebook of code cells; a cell starting with 'md:' is markdown."""
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {
-        "name": "python3", "display_name": "Python 3", "language": "python"}})
+        "name": "python3", "display_name": "Python 3", "language": "python"},
+        "jupytext": {"formats": "ipynb,py:percent"}})  # paired, as the chapters are
     nb.cells = [nbformat.v4.new_markdown_cell(c[3:]) if c.startswith("md:")
                 else nbformat.v4.new_code_cell(c) for c in cells]
     nbformat.write(nb, path)
@@ -62,6 +63,18 @@ def test_a_failed_run_keeps_its_executed_notebook_and_exits_nonzero(tmp_path, ou
     assert book.main(["--only", "zz_flaky"]) == 0
     assert not failed.exists() and not failed.with_suffix(".html").exists(), (
         "a stale failure beside a good output would mislead")
+
+
+def test_executed_notebooks_are_not_paired(tmp_path, out, monkeypatch):
+    """Saved from JupyterLab, an executed notebook must not grow a .py twin in figures/."""
+    nb = write_notebook(tmp_path / "zz_paired.ipynb", "import os",
+                        "assert not os.environ.get('PAIRED_FAIL')")
+    monkeypatch.setattr(book, "notebooks", lambda: [nb])
+    assert book.main(["--only", "zz_paired"]) == 0
+    monkeypatch.setenv("PAIRED_FAIL", "1")
+    assert book.main(["--only", "zz_paired"]) == 1
+    for executed in (out / "zz_paired.ipynb", out / "zz_paired.FAILED.ipynb"):
+        assert "formats" not in nbformat.read(executed, 4).metadata.get("jupytext", {})
 
 
 # ----------------------------------------------------------------------------- offline pages
