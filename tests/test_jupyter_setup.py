@@ -162,10 +162,11 @@ def test_environment_names_every_step_of_make_install():
         else:
             assert step[:2] == ["pip", "install"], f"a step environment.yml does not know: {step}"
             words = step[2:]
-            if "-c" in words:
-                i = words.index("-c")
-                assert f"-c {words[i + 1]}" in pip
-                del words[i:i + 2]
+            for option in ("-c", "--extra-index-url", "--index-url"):  # options with a value
+                if option in words:
+                    i = words.index(option)
+                    assert f"{option} {words[i + 1]}" in pip, f"{option} {words[i + 1]} missing"
+                    del words[i:i + 2]
             editable = words[0] == "-e"
             for requirement in words[1:] if editable else words:
                 entry = f"-e {requirement}" if editable else requirement
