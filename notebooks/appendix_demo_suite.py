@@ -30,7 +30,7 @@
 # %%
 from pathlib import Path
 
-from rlprobe_nb import demo_viz, params, paths
+from rlprobe_nb import demo_viz, params, paths, views
 
 # %% tags=["parameters"]
 train = False  # True: rerun GRPO (needs a CUDA GPU), else show the recorded run
@@ -104,7 +104,8 @@ print("showing the run in", run_dir.relative_to(paths.REPO_ROOT) if run_dir.is_r
 # jumps while the format changes and settles near 0.4–0.5 nats per token.
 
 # %%
-demo_viz.training_curves(record["log"], window=25)
+views.show(demo_viz.training_curves(record["log"], window=25),
+           save_as=paths.figures_dir("demo") / "appendix_training_curves")
 
 # %% [markdown]
 # ## Accuracy on held-out problems, by checkpoint
@@ -119,7 +120,7 @@ table = record["accuracy"]
 table.round(3)
 
 # %%
-demo_viz.accuracy_chart(table)
+views.show(demo_viz.accuracy_chart(table), save_as=paths.figures_dir("demo") / "appendix_accuracy")
 
 # %% [markdown]
 # The final checkpoint's intervals lie far above the base model's on both measures. The

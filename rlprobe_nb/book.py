@@ -7,13 +7,28 @@ checkpoint), each executed notebook and its HTML export under figures/<suite>/.
     python -m rlprobe_nb.book --prepare       # one-time set-up (convert the demo GGUF)
 
 Notebooks skip work whose tables are already complete, so a second run is quick.
+
+A run that fails keeps its executed notebook, traceback included, as
+``figures/<suite>/<stem>.FAILED.ipynb`` (and ``.FAILED.html``) beside the last good output,
+which it never replaces; the book stops there and exits with status 1.
+
+The HTML pages open with no network: nbconvert's lab template without the scripts it
+would fetch from a CDN (require.js, MathJax, mermaid, the widget manager). Formulas
+therefore show as their LaTeX source (nbconvert has no server-side math renderer, and
+MathJax itself cannot load offline); a widget view, which only the widget manager could
+draw, shows its static fallback or a note. Pages that still reference the network (an
+output's own script, e.g. a chart displayed as an altair object instead of through
+``views.show``) are listed at the end of the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 import time
+from html.parser import HTMLParser
 from pathlib import Path
 
 from . import params, paths
@@ -50,28 +65,173 @@ def runs(P: params.Params, only: list[str] | None = None) -> list[tuple[Path, di
     return out
 
 
-def export_html(executed: Path) -> Path:
-    import nbformat
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+STATIC_MIMETYPES = ("text/html", "image/svg+xml", "image/png", "image/jpeg", "text/markdown")
+WIDGET_NOTE = "[interactive widget: run this notebook in JupyterLab to use it]"
+
+# nbconvert's lab template (the default) minus every script it loads from a CDN.
+OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook run raised; ``kept`` is its executed notebook (None if nothing ran)."""
+
+    def __init__(self, notebook: Path, error: str, kept: Path | None):
+        super().__init__(f"{notebook.name}: {error}")
+        self.notebook, self.error, self.kept = notebook, error, kept
+
+
+def failed_path(out_dir: Path, stem: str) -> Path:
+    return out_dir / f"{stem}.FAILED.ipynb"
+
+
+def without_widget_views(nb):
+    """Each widget view replaced by its static fallback, or a note when it has none: only
+    the widget manager (a CDN script) could draw it. The saved widget state goes too."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if WIDGET_VIEW in data:
+                del data[WIDGET_VIEW]
+                if not any(m in data for m in STATIC_MIMETYPES):
+                    data["text/plain"] = WIDGET_NOTE
+    return nb
+
+
+def offline_exporter():
+    from jinja2 import DictLoader
     from nbconvert import HTMLExporter
+    from traitlets.config import Config
+
+    # Coalescing streams applies carriage returns, so a text progress bar shows its last state.
+    config = Config({"CoalesceStreamsPreprocessor": {"enabled": True}})
+    return HTMLExporter(config=config, embed_images=True, template_file="offline.html.j2",
+                        extra_loaders=[DictLoader({"offline.html.j2": OFFLINE_TEMPLATE})])
+
+
+class _NetworkReferences(HTMLParser):
+    """Collects what a page would fetch: src/href URLs, URLs in script code, CSS imports."""
+
+    FETCHED = re.compile(r"(?:https?:)?//", re.I)  # an absolute or protocol-relative URL
+    IN_CODE = re.compile(r"""https?://[^\s"'`<>)]+""", re.I)
+    IN_CSS = re.compile(r"""(?:@import|url\()\s*["']?((?:https?:)?//[^"')\s]+)""", re.I)
+    NAMESPACES = ("http://www.w3.org/",)  # XML namespace names, never fetched
+
+    def __init__(self):
+        super().__init__()
+        self.found, self._inside = [], None
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if tag != "a" and name in ("src", "href") and value and self.FETCHED.match(value.strip()):
+                self.found.append(f"<{tag} {name}={value.strip()}>")  # <a href> is followed, not fetched
+        self._inside = tag if tag in ("script", "style") else None
+
+    def handle_endtag(self, tag):
+        self._inside = None
+
+    def handle_data(self, data):
+        if self._inside == "script":
+            self.found += [f"script code loads {url}" for url in self.IN_CODE.findall(data)
+                           if not url.startswith(self.NAMESPACES)]
+        elif self._inside == "style":
+            self.found += [f"style loads {url}" for url in self.IN_CSS.findall(data)]
+
+
+def network_references(page: str) -> list[str]:
+    """What an HTML page would load from the network (empty: it works offline)."""
+    parser = _NetworkReferences()
+    parser.feed(page)
+    return parser.found
+
+
+def export_html(executed: Path) -> tuple[Path, list[str]]:
+    """The executed notebook as a self-contained page beside it; also returns what the
+    page would still load from the network (outputs' own scripts), if anything."""
+    import nbformat
 
     from .storage import atomic_write_text
 
-    body, _ = HTMLExporter(embed_images=True).from_notebook_node(nbformat.read(executed, 4))
-    return atomic_write_text(executed.with_suffix(".html"), body)
+    nb = without_widget_views(nbformat.read(executed, 4))
+    body, _ = offline_exporter().from_notebook_node(nb)
+    return atomic_write_text(executed.with_suffix(".html"), body), network_references(body)
 
 
-def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path) -> float:
+def unpair(executed: Path) -> None:
+    """Drop the jupytext pairing the chapter's metadata carries into its executed copy:
+    saved from JupyterLab, a result must not grow a .py twin beside it."""
+    import nbformat
+
+    nb = nbformat.read(executed, 4)
+    if nb.metadata.get("jupytext", {}).pop("formats", None) is not None:
+        nbformat.write(nb, executed)
+
+
+def _error_line(err: BaseException) -> str:
+    if hasattr(err, "ename"):  # papermill's error from a cell
+        return f"cell In [{err.exec_count}]: {err.ename}: {err.evalue}"
+    return f"{type(err).__name__}: {err}"
+
+
+def _keep_failed(tmp: Path, failed: Path) -> Path | None:
+    """Move a failed run's executed notebook to ``failed`` and export it; None if the run
+    wrote nothing (e.g. the kernel did not start)."""
+    if not tmp.exists() or tmp.stat().st_size == 0:
+        return None
+    os.replace(tmp, failed)
+    failed.with_suffix(".html").unlink(missing_ok=True)  # an earlier failure's page
+    try:
+        unpair(failed)
+        export_html(failed)
+    except Exception as err:  # the notebook itself is what matters; say why there is no page
+        print(f"      (no HTML for {failed.name}: {type(err).__name__}: {err})", flush=True)
+    return failed
+
+
+def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path) -> tuple[float, list[str]]:
+    """Execute ``nb`` into ``out_dir/<stem>.ipynb`` and export it; returns the seconds taken
+    and what the page would load from the network. On failure raises ``NotebookFailed``
+    after keeping the executed notebook as ``<stem>.FAILED.ipynb``; the last good output
+    stays as it was."""
     import papermill as pm
 
     from .storage import atomic_path
 
     start = time.perf_counter()
-    target = out_dir / f"{stem}.ipynb"
+    target, failed = out_dir / f"{stem}.ipynb", failed_path(out_dir, stem)
     with atomic_path(target) as tmp:
-        pm.execute_notebook(str(nb), str(tmp), parameters=parameters, kernel_name="python3",
-                            cwd=str(paths.REPO_ROOT), progress_bar=False)
-    export_html(target)
-    return time.perf_counter() - start
+        try:
+            pm.execute_notebook(str(nb), str(tmp), parameters=parameters, kernel_name="python3",
+                                cwd=str(paths.REPO_ROOT), progress_bar=False)
+        except BaseException as err:  # Ctrl-C too: the partial notebook shows how far it got
+            kept = _keep_failed(tmp, failed)
+            if not isinstance(err, Exception):
+                raise
+            raise NotebookFailed(nb, _error_line(err), kept) from err
+        unpair(tmp)
+    for stale in (failed, failed.with_suffix(".html")):  # an old failure would mislead now
+        stale.unlink(missing_ok=True)
+    _, offline_problems = export_html(target)
+    return time.perf_counter() - start, offline_problems
+
+
+def report_failure(failure: NotebookFailed, out_dir: Path, stem: str) -> None:
+    print(f"\nFAILED: {failure.notebook.name}: {failure.error}", file=sys.stderr)
+    if failure.kept is not None:
+        print(f"  executed notebook with the traceback: {failure.kept}", file=sys.stderr)
+        if failure.kept.with_suffix(".html").exists():
+            print(f"  and its page: {failure.kept.with_suffix('.html')}", file=sys.stderr)
+    else:
+        print("  the run wrote no notebook (did the kernel start?)", file=sys.stderr)
+    last_good = out_dir / f"{stem}.ipynb"
+    if last_good.exists():
+        print(f"  the last good output is unchanged: {last_good}", file=sys.stderr)
 
 
 def prepare() -> None:
@@ -99,15 +259,25 @@ def main(argv: list[str] | None = None) -> int:
     plan = runs(P, args.only)
     total = time.perf_counter()
     print(f"rlprobe_nb: suite {P.suite!r}, {len(plan)} notebook runs")
+    needs_network = {}
     for i, (nb, parameters, stem) in enumerate(plan, 1):
         extra = f" (checkpoint {parameters['checkpoint']})" if "checkpoint" in parameters else ""
         print(f"[{i}/{len(plan)}] {nb.name}{extra} ...", flush=True)
-        seconds = run_one(nb, parameters, stem, out_dir)
+        try:
+            seconds, problems = run_one(nb, parameters, stem, out_dir)
+        except NotebookFailed as failure:
+            report_failure(failure, out_dir, stem)
+            return 1
         print(f"      done in {seconds:.1f} s -> {out_dir / stem}.html", flush=True)
+        if problems:
+            needs_network[f"{out_dir / stem}.html"] = problems
     minutes = (time.perf_counter() - total) / 60
     print(f"\nThe book ran in {minutes:.1f} min.")
     print(f"  executed notebooks and HTML: {out_dir}")
     print(f"  tables (parquet + manifest.json): {paths.data_dir(P.suite)}")
+    for page, problems in needs_network.items():
+        print(f"WARNING: {page} needs the network (offline, these outputs stay blank):\n    "
+              + "\n    ".join(sorted(set(problems))), file=sys.stderr)
     return 0
 
 

@@ -362,7 +362,7 @@ def load_state(out: Path, model, optimizer, cfg: GRPOConfig) -> tuple[int, int]:
 def train(cfg: GRPOConfig, out: str | os.PathLike, device: str = "cuda", workers: int = 8,
           model=None, tokenizer=None, progress: bool = True):
     """Run (or resume) GRPO; writes ``out/train_log.csv``, ``out/adapters/rlvr_step_N``."""
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     cfg.validate()
     out = Path(out)
@@ -513,7 +513,7 @@ def evaluate(policy, sampler, tokenizer, problems: list[dict], models: dict, dev
     ``models`` maps a name to an adapter folder, or to None for the base model (the
     adapter switched off). Returns one dict per (model, problem, sample).
     """
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     from . import grading
 

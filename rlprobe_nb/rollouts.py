@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from .progress import tqdm
 
 from . import grading, schemas, storage
 from .prompting import prompt_ids

@@ -624,7 +624,7 @@ def run_shards(table: ShardedTable, jobs: list[tuple[str, Any]], manifest, progr
     """The generic resumable loop: run ``jobs`` ([(shard key, fn -> DataFrame)]) of a begun
     table, skipping finished shards, then write the manifest (``manifest``: a dict, or a
     function returning one once the shards exist). Returns the keys computed this time."""
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     try:
         done = table.done()

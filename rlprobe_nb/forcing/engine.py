@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .. import divergence, keys, paths, schemas, storage, tokenizers
 from .batching import Batch, batch_inputs, plan_batches

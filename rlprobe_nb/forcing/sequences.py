@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .. import prompting, storage, tokenizers
 from .spans import token_spans
