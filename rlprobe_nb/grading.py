@@ -386,10 +386,11 @@ class _Worker:
             raise EOFError("grading worker exited")
         return json.loads(line)
 
-    def kill(self) -> None:
+    def kill(self, wait: bool = True) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.wait(5)
+        if wait:
+            self.proc.wait(5)
         for f in (self.proc.stdin, self.proc.stdout):
             try:
                 f.close()
@@ -408,26 +409,26 @@ class _Worker:
 class GraderPool:
     """``workers`` processes grading at once, plus one warm spare. A worker that overruns
     is killed, the spare takes its place at once, and a new spare starts in the background:
-    one pathological answer costs ``timeout_s`` and no more."""
+    one pathological answer costs ``timeout_s`` and no more. Workers start on first use."""
 
     def __init__(self, workers: int = 2):
         if workers < 1:
             raise ValueError(f"grading workers must be >= 1, got {workers}")
         self._size = workers
         self._workers: list[_Worker] = []
+        self._dying: list[_Worker] = []  # killed, not yet reaped (the kernel frees them)
         self._lock = threading.Lock()
 
     def start(self) -> None:
         """Start the workers now and wait until every one is ready (else lazily, as needed)."""
         with self._lock:
             self._top_up()
-            for w in self._workers:
-                if w.ready:
-                    continue
-                if select.select([w], [], [], self._startup_left(w))[0]:
-                    self._mark_ready(w)
+            while starting := [w for w in self._workers if not w.ready]:
+                if select.select(starting[:1], [], [], self._startup_left(starting[0]))[0]:
+                    self._mark_ready(starting[0])
                 else:
-                    self._failed_start(w)
+                    self._failed_start(starting[0])
+                self._top_up()
 
     def map(self, tasks: list[tuple[str, str]], timeout_s: float) -> list[tuple[bool, str, float]]:
         """Run (pred, gold) comparisons; returns (correct, method, seconds) per task."""
@@ -441,8 +442,8 @@ class GraderPool:
     def _map(self, tasks, timeout_s):
         results: list = [None] * len(tasks)
         pending = list(range(len(tasks)))[::-1]
-        self._top_up()
         while pending or self._busy():
+            self._top_up()
             self._dispatch(tasks, pending)
             busy, starting = self._busy(), [w for w in self._workers if not w.ready]
             deadlines = [w.task[1] + timeout_s for w in busy]
@@ -469,7 +470,10 @@ class GraderPool:
         return [w for w in self._workers if w.task is not None]
 
     def _top_up(self) -> None:
-        while len(self._workers) < self._size + 1:  # +1: the warm spare
+        # The spare starts once the others are up, so that it does not delay first answers.
+        self._dying = [w for w in self._dying if w.proc.poll() is None]
+        spare = all(w.ready for w in self._workers)
+        while len(self._workers) < self._size + spare:
             self._workers.append(_Worker())
 
     def _dispatch(self, tasks, pending) -> None:
@@ -517,8 +521,11 @@ class GraderPool:
 
     def _drop(self, w: _Worker) -> None:
         """Kill a worker and start its replacement, without waiting for it to be ready."""
-        w.kill()  # SIGKILL: a worker stuck in a C-level integer power ignores anything else
+        # SIGKILL: a worker stuck in a C-level integer power ignores anything else. Reaped
+        # later: freeing its memory took ~70 ms, which the answer's caller need not wait.
+        w.kill(wait=False)
         self._workers.remove(w)
+        self._dying.append(w)
         self._top_up()
 
     def close(self) -> None:
@@ -527,7 +534,9 @@ class GraderPool:
                 w.close()
             else:  # starting (not reading its stdin yet) or busy: nothing to wait for
                 w.kill()
-        self._workers = []
+        for w in self._dying:
+            w.kill()
+        self._workers, self._dying = [], []
 
 
 _POOLS: dict[int, GraderPool] = {}
