@@ -7,7 +7,6 @@ trips; nested boxes are bounded in the parent; a hung answer costs its limit, no
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
