@@ -8,20 +8,51 @@ Policy (what counts as the model's answer):
 - With several boxes the LAST one counts (a model that corrects itself is graded on its
   correction). An empty last box is wrong (``"empty_box"``), again with no fallback.
 - An unclosed box (a response cut off at the token limit) is not a box.
-- A box longer than ``MAX_ANSWER_CHARS`` is wrong (``"too_long"``): MATH answers are short
-  and a huge box is a degenerate generation, not an answer worth parsing.
+- A box wrapping only another box counts as that box (``\\boxed{\\boxed{4}}`` -> ``4``).
+- A last box nesting braces deeper than ``MAX_BOX_DEPTH`` is wrong (``"too_deep"``) and one
+  longer than ``MAX_ANSWER_CHARS`` is wrong (``"too_long"``): MATH answers are short and
+  shallow, and such a box is a degenerate generation, not an answer worth parsing. Both
+  are decided in the parent by one linear scan, before any worker sees the text.
 
 Safety: model text is data. math-verify is used with ``LatexExtractionConfig`` only (its
 ``ExprExtractionConfig`` runs sympy's ``parse_expr``, i.e. ``eval``). Parsing runs in worker
-processes in which sympy's string-evaluation hook (``sympy_parser.eval_expr``) is replaced
-by one that refuses, and sympy's ``Number("...")`` (which latex2sympy uses for digit
-tokens and which would go through ``sympify``/``eval``) is served by a strict digits-only
-converter. So any path that would evaluate text fails loudly (method ``"error"``) instead
-of executing it; tests check that the guard is never hit on ordinary answers.
+processes in which sympy's string-evaluation hook (``sympy_parser.eval_expr``) refuses,
+and ``Number("...")`` (latex2sympy's call on digit tokens such as ``14``, ``0.5``, ``1E5``,
+which would go through ``sympify``/``eval``) is served by a converter that builds what
+sympify would (``Integer`` for digits, ``Float(text)`` with a point or exponent) without
+evaluating anything; any other string is refused. (sympy also ``exec``s code it generates
+from integers, e.g. for polynomial rings; no text reaches it, and it is left alone.)
+
+The guard goes in after a warm-up, because sympy evaluates its own text in code it loads
+lazily: ``simplify`` imports ``sympy.physics.units`` on first use, which builds its unit
+prefixes with ``sympify("yotta")``, ... Guarded from the start, that import failed in every
+``simplify``, math-verify swallowed the error and answered "not equal", and ``(x+1)^2`` vs
+``x^2+2x+1`` or ``\\frac{89.6}{3125}`` vs ``\\frac{448}{15625}`` were graded wrong under
+method ``math_verify``. Warming beats a guard that tries to tell model text from sympy's
+own (by call stack or string provenance): the guard stays total (after warming nothing
+evaluates text, whatever its origin) and easy to audit. Warming (1) imports that module
+(importing every sympy 1.14 module found it the only one that evaluates text at import,
+besides two that build documentation) and (2) grades a few answers of our own, loading
+what comparisons load lazily, so that cost is not charged to a first answer's time limit.
+``tests/test_grading_differential.py`` grades over 500 generated benign pairs against
+plain, unguarded math-verify and requires identical verdicts.
+
+A guard that trips is never a plain "wrong": it records each refusal, so even where
+math-verify catches the exception the grade says ``"refused"`` (and is graded wrong).
+math-verify also turns any exception at the top of ``parse``/``verify`` into "no parse" or
+False, logging it at DEBUG; the worker collects those records, and a False verdict that
+followed one reads ``"error:<ExceptionType>"``, not ``math_verify``. Not detectable:
+exceptions caught inside math-verify's comparison strategies (string, numeric, symbolic
+equality; one that raises means "not equal by this strategy" and is not logged), and
+latex2sympy failures that make a side "not LaTeX" (method ``"string"``).
 
 Timeouts: each answer gets ``timeout_s`` of wall time in a worker; a worker that overruns
 (e.g. ``10^{10^{10}}`` sends sympy into a huge integer power, which no signal interrupts)
-is killed and replaced, and the answer is graded wrong with method ``"timeout"``.
+is killed and the answer is graded wrong with method ``"timeout"``. A warm spare worker
+takes over at once and the replacement starts in the background, so a hung answer costs
+its limit and no more.
+
+``GRADER_VERSION`` changes whenever a verdict can change; caches of grades key on it.
 """
 
 from __future__ import annotations
@@ -40,7 +71,10 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+GRADER_VERSION = "2"  # 2: benign verdicts no longer broken by the guard; refused, too_deep
 MAX_ANSWER_CHARS = 2000
+MAX_BOX_DEPTH = 20  # brace nesting inside the last box; MATH answers stay below ~8, and
+#                     math-verify already needs seconds to parse 20 nested plain braces
 GRADER_NAME = "rlprobe_nb.grading (math-verify, LaTeX extraction only, last box)"
 
 # Methods a Grade can carry, for tables and docs.
@@ -49,9 +83,11 @@ METHODS = (
     "string",  # one side did not parse; exact match of whitespace-stripped strings
     "no_box",
     "empty_box",
+    "too_deep",
     "too_long",
     "timeout",
-    "error",  # the worker raised (includes a refused attempt to evaluate text)
+    "refused",  # sympy tried to evaluate text and the guard refused
+    "error",  # "error:<ExceptionType>": the comparison raised, or math-verify swallowed it
 )
 
 
@@ -71,19 +107,14 @@ class Grade:
 # --------------------------------------------------------------------------- extraction
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\b")
+_WRAPPER_RE = re.compile(r"\s*\\(?:boxed|fbox)\b\s*\{")
 
 
-def extract_boxed(text: str | None) -> list[str]:
-    """Contents of every closed ``\\boxed{...}``/``\\fbox{...}`` in order, braces matched.
-
-    ``\\boxed 5`` (MATH's brace-less form) yields the token up to whitespace or ``$``.
-    Linear in the length of the text.
-    """
-    if not text:
-        return []
-    out: list[str] = []
-    pos = 0
-    n = len(text)
+def _box_spans(text: str) -> list[tuple[int, int, int]]:
+    """(start, end, depth) of every closed box's content: ``text[start:end]``, and the
+    deepest brace nesting inside it. One pass over the text."""
+    out: list[tuple[int, int, int]] = []
+    pos, n = 0, len(text)
     while True:
         m = _BOX_RE.search(text, pos)
         if m is None:
@@ -92,7 +123,7 @@ def extract_boxed(text: str | None) -> list[str]:
         while i < n and text[i] in " \t":
             i += 1
         if i < n and text[i] == "{":
-            depth, j = 1, i + 1
+            depth, deepest, j = 1, 1, i + 1
             while j < n and depth:
                 c = text[j]
                 if c == "\\":  # an escaped brace \{ or \} does not open or close
@@ -100,26 +131,59 @@ def extract_boxed(text: str | None) -> list[str]:
                     continue
                 if c == "{":
                     depth += 1
+                    deepest = max(deepest, depth)
                 elif c == "}":
                     depth -= 1
                 j += 1
             if depth:  # unclosed: cut off at the token limit, not an answer
                 return out
-            out.append(text[i + 1 : j - 1].strip())
+            out.append((i + 1, j - 1, deepest - 1))
             pos = j
         elif i > m.end() and i < n:  # "\boxed 5"
             j = i
             while j < n and not text[j].isspace() and text[j] != "$":
                 j += 1
-            out.append(text[i:j].strip())
+            out.append((i, j, 0))
             pos = j
         else:
             pos = m.end()
 
 
+def extract_boxed(text: str | None) -> list[str]:
+    """Contents of every closed ``\\boxed{...}``/``\\fbox{...}`` in order, braces matched.
+
+    ``\\boxed 5`` (MATH's brace-less form) yields the token up to whitespace or ``$``.
+    Linear in the length of the text.
+    """
+    return [text[a:b].strip() for a, b, _ in _box_spans(text)] if text else []
+
+
 def last_boxed(text: str | None) -> str | None:
     boxes = extract_boxed(text)
     return boxes[-1] if boxes else None
+
+
+def _innermost(box: str) -> str:
+    """``\\boxed{ \\fbox{4} }`` -> ``4``: strip boxes that wrap the whole content, in one pass
+    (a brace-matching table built once, then O(1) per level)."""
+    close, stack, j = {}, [], 0
+    while j < len(box):
+        c = box[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c == "{":
+            stack.append(j)
+        elif c == "}" and stack:
+            close[stack.pop()] = j
+        j += 1
+    lo, hi = 0, len(box)
+    while (m := _WRAPPER_RE.match(box, lo, hi)) is not None:
+        end = close.get(m.end() - 1)
+        if end is None or box[end + 1:hi].strip():  # not one box around everything
+            break
+        lo, hi = m.end(), end
+    return box[lo:hi].strip()
 
 
 def gold_answer(answer: str | None, solution: str | None) -> str:
@@ -137,38 +201,86 @@ def gold_answer(answer: str | None, solution: str | None) -> str:
 
 # --------------------------------------------------------------------------- worker side
 
-_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)\Z")
-_INT_RE = re.compile(r"[+-]?\d+\Z")
+# A numeric literal as latex2sympy hands it to Number(); Python's rule for integer literals
+# (no leading zeros), which sympify follows because it evaluates the literal.
+_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+_PY_INT_RE = re.compile(r"[+-]?(?:0+|[1-9]\d*)", re.ASCII)
+
+# Our own answers, one of each kind that loads part of sympy on first use, graded once
+# before the guard goes in (see module doc).
+_WARM_UP = (
+    (r"\frac{89.6}{3125}", r"\frac{448}{15625}"), ("(x+1)^2", "x^2+2x+1"),
+    (r"\sin^2x+\cos^2x", "1"), (r"\frac{\pi}{3}", r"\pi/3"), (r"72^\circ", "72"),
+    ("[0,1)", "(0,1)"), (r"(1,\frac12)", "(1,0.5)"),
+)
+
+_REFUSED: list[str] = []  # what the guard refused while grading the current answer
+_SWALLOWED: list[str] = []  # exception types math-verify logged and swallowed, ditto
 
 
 class TextEvaluationRefused(RuntimeError):
     pass
 
 
+def _refuse(text: str):
+    _REFUSED.append(text[:80])
+    raise TextEvaluationRefused(f"refused to evaluate text ({text[:40]!r}...)")
+
+
+def _number_from_literal(text: str):
+    """What ``sympify`` makes of a numeric literal (sympy's ``auto_number`` rule: ``Float``
+    of the text when it has a point or an exponent, else ``Integer``), without ``eval``."""
+    import sympy
+
+    s = text.strip()
+    if not _NUMBER_RE.fullmatch(s):
+        _refuse(s)
+    if any(c in s for c in ".eE"):
+        return sympy.Float(s)
+    if not _PY_INT_RE.fullmatch(s):  # "007" is no Python literal: sympify fails on it too
+        raise sympy.SympifyError(s)
+    return sympy.Integer(int(s))
+
+
 def _install_guards() -> None:
     """Make every sympy string-evaluation path in this process refuse (see module doc)."""
-    import sympy
     import sympy.core.numbers as numbers
     import sympy.parsing.sympy_parser as sympy_parser
 
     def refuse_eval(code, *args, **kwargs):
-        raise TextEvaluationRefused(f"refused to evaluate text ({str(code)[:40]!r}...)")
+        _refuse(str(code))
 
     sympy_parser.eval_expr = refuse_eval
     original_sympify = numbers.sympify
 
-    def digits_only(a, *args, **kwargs):
-        # Number("14") in latex2sympy: convert digit strings without the parser.
+    def numbers_only(a, *args, **kwargs):  # Number("14") in latex2sympy
         if isinstance(a, str):
-            s = a.strip()
-            if _INT_RE.match(s):
-                return sympy.Integer(int(s))
-            if _NUMBER_RE.match(s):
-                return sympy.Float(s)
-            raise TextEvaluationRefused(f"refused to sympify {s[:40]!r}")
+            return _number_from_literal(a)
         return original_sympify(a, *args, **kwargs)
 
-    numbers.sympify = digits_only
+    numbers.sympify = numbers_only
+
+
+class _SwallowedErrors(logging.Handler):
+    """Notes the exceptions math-verify logs (at DEBUG, with traceback) and then swallows."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[0] is not None:
+            _SWALLOWED.append(record.exc_info[0].__name__)
+
+
+def _watch_math_verify_log() -> None:
+    log = logging.getLogger("math_verify")
+    log.setLevel(logging.DEBUG)
+    log.propagate = False  # its warnings (e.g. "timeout is disabled") are not ours to print
+    log.handlers = [_SwallowedErrors()]
+
+
+def _warm_up() -> None:
+    import sympy.physics.units  # noqa: F401  (evaluates its own text at import: module doc)
+
+    for pred, gold in _WARM_UP:
+        _compare(pred, gold)
 
 
 def _parse_latex(latex: str):
@@ -198,26 +310,44 @@ def _norm_str(s: str) -> str:
     return re.sub(r"\s+", "", s).strip("$.").lower()
 
 
+def _grade_one(pred: str, gold: str) -> tuple[bool, str]:
+    """``_compare`` plus what it may hide: a refusal, or an error math-verify swallowed."""
+    _REFUSED.clear()
+    _SWALLOWED.clear()
+    try:
+        correct, method = _compare(pred, gold)
+    except BaseException as e:  # noqa: BLE001  (reported, graded wrong)
+        correct, method = False, f"error:{type(e).__name__}"
+    if _REFUSED:
+        _forget_cached_results()
+        return False, "refused"
+    if _SWALLOWED and not correct:
+        return False, f"error:{_SWALLOWED[0]}"
+    return correct, method
+
+
+def _forget_cached_results() -> None:
+    # A parse that got past a refusal (math-verify retries) must not be served from cache
+    # next time without the refusal being seen again.
+    from math_verify.parser import parse_latex_cached
+    from sympy.core.cache import clear_cache
+
+    parse_latex_cached.cache_clear()
+    clear_cache()
+
+
 def _worker_stdio() -> None:
     """Worker loop: one JSON request per stdin line, one JSON reply per stdout line."""
-    import json
-    import sys
-
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    _install_guards()
-    import math_verify  # noqa: F401  (import before "ready" so timeouts exclude it)
-
-    _compare("1", "1")  # warm the parser
     out = sys.stdout
     sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the protocol
+    _watch_math_verify_log()
+    _warm_up()
+    _install_guards()
     out.write('"ready"\n')
     out.flush()
     for line in sys.stdin:
         task_id, pred, gold = json.loads(line)
-        try:
-            correct, method = _compare(pred, gold)
-        except BaseException as e:  # noqa: BLE001  (reported, graded wrong)
-            correct, method = False, f"error:{type(e).__name__}"
+        correct, method = _grade_one(pred, gold)
         out.write(json.dumps([task_id, correct, method]) + "\n")
         out.flush()
 
@@ -239,8 +369,9 @@ class _Worker:
             [sys.executable, "-c", "from rlprobe_nb.grading import _worker_stdio; _worker_stdio()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=env, text=True, bufsize=1)
+        self.started = time.monotonic()
         self.ready = False
-        self.task = None  # (task_id, start_time)
+        self.task: tuple[int, float] | None = None  # (task index, time sent)
 
     def fileno(self) -> int:
         return self.proc.stdout.fileno()
@@ -249,29 +380,17 @@ class _Worker:
         self.proc.stdin.write(json.dumps(obj) + "\n")
         self.proc.stdin.flush()
 
-    def recv(self, timeout: float | None = None):
-        if timeout is not None and not select.select([self], [], [], timeout)[0]:
-            return None
+    def recv(self):
         line = self.proc.stdout.readline()
         if not line:
             raise EOFError("grading worker exited")
         return json.loads(line)
 
-    def wait_ready(self) -> None:
-        if self.recv(_STARTUP_TIMEOUT_S) != "ready":
-            self.kill()
-            raise RuntimeError(
-                f"a grading worker did not start within {_STARTUP_TIMEOUT_S:.0f}s; check "
-                "that math-verify imports: python -c 'import math_verify'")
-        self.ready = True
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.alive():
+    def kill(self, wait: bool = True) -> None:
+        if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.wait(5)
+        if wait:
+            self.proc.wait(5)
         for f in (self.proc.stdin, self.proc.stdout):
             try:
                 f.close()
@@ -288,87 +407,136 @@ class _Worker:
 
 
 class GraderPool:
-    """Worker processes with a per-answer wall-clock timeout; overrunning workers are
-    killed and replaced, so one pathological answer costs at most ``timeout_s``."""
+    """``workers`` processes grading at once, plus one warm spare. A worker that overruns
+    is killed, the spare takes its place at once, and a new spare starts in the background:
+    one pathological answer costs ``timeout_s`` and no more. Workers start on first use."""
 
     def __init__(self, workers: int = 2):
         if workers < 1:
             raise ValueError(f"grading workers must be >= 1, got {workers}")
         self._size = workers
         self._workers: list[_Worker] = []
+        self._dying: list[_Worker] = []  # killed, not yet reaped (the kernel frees them)
         self._lock = threading.Lock()
 
-    def _ensure(self) -> None:
-        for w in self._workers:
-            if not w.alive():
-                w.kill()
-        self._workers = [w for w in self._workers if w.alive()]
-        while len(self._workers) < self._size:
-            self._workers.append(_Worker())
-        for w in self._workers:
-            if not w.ready:
-                w.wait_ready()
+    def start(self) -> None:
+        """Start the workers now and wait until every one is ready (else lazily, as needed)."""
+        with self._lock:
+            self._top_up()
+            while starting := [w for w in self._workers if not w.ready]:
+                if select.select(starting[:1], [], [], self._startup_left(starting[0]))[0]:
+                    self._mark_ready(starting[0])
+                else:
+                    self._failed_start(starting[0])
+                self._top_up()
 
     def map(self, tasks: list[tuple[str, str]], timeout_s: float) -> list[tuple[bool, str, float]]:
         """Run (pred, gold) comparisons; returns (correct, method, seconds) per task."""
         with self._lock:
-            return self._map(tasks, timeout_s)
+            try:
+                return self._map(tasks, timeout_s)
+            except BaseException:  # e.g. an interrupt: no worker may keep a stale task
+                self.close()
+                raise
 
     def _map(self, tasks, timeout_s):
         results: list = [None] * len(tasks)
-        if not tasks:
-            return results
-        self._ensure()
         pending = list(range(len(tasks)))[::-1]
-        idle = list(self._workers)
-        busy: list[_Worker] = []
-        while pending or busy:
-            while pending and idle:
-                w = idle.pop()
-                k = pending.pop()
-                w.task = (k, time.monotonic())
-                try:
-                    w.send([k, tasks[k][0], tasks[k][1]])
-                except OSError:
-                    w = self._replace(w)
-                    w.task = (k, time.monotonic())
-                    w.send([k, tasks[k][0], tasks[k][1]])
-                busy.append(w)
-            next_deadline = min(w.task[1] + timeout_s for w in busy)
-            ready, _, _ = select.select(busy, [], [], max(0.0, next_deadline - time.monotonic()))
+        while pending or self._busy():
+            self._top_up()
+            self._dispatch(tasks, pending)
+            busy, starting = self._busy(), [w for w in self._workers if not w.ready]
+            deadlines = [w.task[1] + timeout_s for w in busy]
+            deadlines += [w.started + _STARTUP_TIMEOUT_S for w in starting]
+            ready, _, _ = select.select(busy + starting, [], [],
+                                        max(0.0, min(deadlines) - time.monotonic()))
             for w in ready:
-                busy.remove(w)
-                k, start = w.task
-                try:
-                    task_id, correct, method = w.recv()
-                    if task_id != k:
-                        raise EOFError("grading worker answered out of order")
-                except (EOFError, OSError, ValueError):  # the worker died (e.g. out of memory)
-                    correct, method = False, "error:worker_died"
-                    w = self._replace(w)
-                results[k] = (bool(correct), method, time.monotonic() - start)
-                w.task = None
-                idle.append(w)
+                if w.ready:
+                    self._collect(w, results)
+                else:
+                    self._mark_ready(w)
             now = time.monotonic()
-            for w in list(busy):
-                k, start = w.task
-                if now - start >= timeout_s:
-                    busy.remove(w)
-                    results[k] = (False, "timeout", now - start)
-                    idle.append(self._replace(w))
+            for w in self._busy():
+                k, sent = w.task
+                if now - sent >= timeout_s:
+                    results[k] = (False, "timeout", now - sent)
+                    self._drop(w)
+            for w in starting:
+                if not w.ready and self._startup_left(w) <= 0:
+                    self._failed_start(w)
         return results
 
-    def _replace(self, w: _Worker) -> _Worker:
+    def _busy(self) -> list[_Worker]:
+        return [w for w in self._workers if w.task is not None]
+
+    def _top_up(self) -> None:
+        # The spare starts once the others are up, so that it does not delay first answers.
+        self._dying = [w for w in self._dying if w.proc.poll() is None]
+        spare = all(w.ready for w in self._workers)
+        while len(self._workers) < self._size + spare:
+            self._workers.append(_Worker())
+
+    def _dispatch(self, tasks, pending) -> None:
+        idle = [w for w in self._workers if w.ready and w.task is None]
+        while pending and idle and len(self._busy()) < self._size:
+            w, k = idle.pop(), pending.pop()
+            try:
+                w.send([k, tasks[k][0], tasks[k][1]])
+            except OSError:  # it died while idle (e.g. killed from outside): retry elsewhere
+                pending.append(k)
+                self._drop(w)
+                continue
+            w.task = (k, time.monotonic())
+
+    def _collect(self, w: _Worker, results) -> None:
+        k, sent = w.task
+        try:
+            task_id, correct, method = w.recv()
+            if task_id != k:
+                raise EOFError("grading worker answered out of order")
+        except (EOFError, OSError, ValueError):  # the worker died (e.g. out of memory)
+            correct, method = False, "error:worker_died"
+            self._drop(w)
+        results[k] = (bool(correct), method, time.monotonic() - sent)
+        w.task = None
+
+    def _startup_left(self, w: _Worker) -> float:
+        return max(0.0, w.started + _STARTUP_TIMEOUT_S - time.monotonic())
+
+    def _mark_ready(self, w: _Worker) -> None:  # w's first line has arrived
+        try:
+            ok = w.recv() == "ready"
+        except (EOFError, OSError, ValueError):
+            ok = False
+        if not ok:
+            self._failed_start(w)
+        w.ready = True
+
+    def _failed_start(self, w: _Worker) -> None:
         w.kill()
-        fresh = _Worker()
-        self._workers[self._workers.index(w)] = fresh
-        fresh.wait_ready()
-        return fresh
+        self._workers.remove(w)
+        raise RuntimeError(
+            f"a grading worker failed to start (or took over {_STARTUP_TIMEOUT_S:.0f}s); "
+            "check that math-verify imports: python -c 'import math_verify'")
+
+    def _drop(self, w: _Worker) -> None:
+        """Kill a worker and start its replacement, without waiting for it to be ready."""
+        # SIGKILL: a worker stuck in a C-level integer power ignores anything else. Reaped
+        # later: freeing its memory took ~70 ms, which the answer's caller need not wait.
+        w.kill(wait=False)
+        self._workers.remove(w)
+        self._dying.append(w)
+        self._top_up()
 
     def close(self) -> None:
         for w in self._workers:
-            w.close()
-        self._workers = []
+            if w.ready and w.task is None:
+                w.close()
+            else:  # starting (not reading its stdin yet) or busy: nothing to wait for
+                w.kill()
+        for w in self._dying:
+            w.kill()
+        self._workers, self._dying = [], []
 
 
 _POOLS: dict[int, GraderPool] = {}
@@ -392,22 +560,21 @@ def shutdown() -> None:
 
 
 def _pre_grade(response: str | None, gold: str) -> tuple[Grade | None, str | None, int]:
-    boxes = extract_boxed(response or "")
-    if not boxes:
+    """The verdicts decided without a worker (no box, empty, too deep, too long), in time
+    linear in the response; else (None, the innermost last box, number of boxes)."""
+    spans = _box_spans(response or "")
+    n = len(spans)
+    if not spans:
         return Grade(False, None, "no_box", 0, gold), None, 0
-    last = boxes[-1]
-    while True:  # \boxed{\boxed{4}}: grade the innermost box
-        inner = extract_boxed(last)
-        if len(inner) == 1 and re.fullmatch(
-                r"\\(?:boxed|fbox)\s*\{\s*" + re.escape(inner[0]) + r"\s*\}", last):
-            last = inner[0]
-        else:
-            break
-    if not last.strip():
-        return Grade(False, last, "empty_box", len(boxes), gold), last, len(boxes)
+    start, end, depth = spans[-1]
+    if depth > MAX_BOX_DEPTH:
+        return Grade(False, response[start:end][:200].strip(), "too_deep", n, gold), None, n
+    last = _innermost(response[start:end].strip())
+    if not last:
+        return Grade(False, last, "empty_box", n, gold), last, n
     if len(last) > MAX_ANSWER_CHARS:
-        return Grade(False, last[:200], "too_long", len(boxes), gold), last, len(boxes)
-    return None, last, len(boxes)
+        return Grade(False, last[:200], "too_long", n, gold), last, n
+    return None, last, n
 
 
 def grade_many(responses: list[str], golds: list[str], timeout_s: float = 5.0,
@@ -415,8 +582,8 @@ def grade_many(responses: list[str], golds: list[str], timeout_s: float = 5.0,
     """Grade each response against its gold answer (see the module doc for the policy)."""
     if len(responses) != len(golds):
         raise ValueError(f"grade_many: {len(responses)} responses but {len(golds)} gold answers")
-    if timeout_s <= 0:
-        raise ValueError(f"grading timeout must be > 0 seconds, got {timeout_s}")
+    if not 0 < timeout_s < float("inf"):  # NaN too: it would never expire
+        raise ValueError(f"grading timeout must be a finite number of seconds > 0, got {timeout_s}")
     golds = [str(g).strip() for g in golds]
     for i, g in enumerate(golds):
         if not g:
@@ -450,9 +617,11 @@ def grader_info() -> dict:
 
     return {
         "name": GRADER_NAME,
+        "version": GRADER_VERSION,
         "math_verify": version("math-verify"),
         "latex2sympy2_extended": version("latex2sympy2_extended"),
         "sympy": version("sympy"),
         "policy": "last closed \\boxed{} only; no box or empty box = wrong; "
-                  f"box > {MAX_ANSWER_CHARS} chars = wrong; per-answer wall timeout",
+                  f"box nesting > {MAX_BOX_DEPTH} or > {MAX_ANSWER_CHARS} chars = wrong; "
+                  "per-answer wall timeout",
     }
