@@ -258,7 +258,7 @@ def failure_type(correct: bool, finish_reason: str, grade_method: str) -> str:
         return "imported"
     if grade_method in ("no_box", "empty_box"):
         return grade_method
-    if grade_method in ("math_verify", "string", "too_long"):
+    if grade_method in ("math_verify", "string", "too_long", "too_deep"):
         return "boxed_wrong"
     return "ungraded"  # the grader timed out, refused or failed: not the model's answer
 

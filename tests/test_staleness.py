@@ -18,7 +18,7 @@ from rlprobe_nb import gguf_cache, paths, storage
 
 from test_notebooks import outputs, papermill
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 LOADS = "Loading weights"
 
 
