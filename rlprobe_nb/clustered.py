@@ -1,0 +1,204 @@
+"""Intervals for per-token statistics when tokens are clustered in problems.
+
+Every forced token belongs to a rollout, and the rollouts of one problem share its prompt,
+its difficulty and often long prefixes, so tokens of one problem are correlated: a
+token-level interval pretends there are as many independent draws as tokens where there
+are only as many as problems (on simulated data with an intra-class correlation of 0.3 a
+token bootstrap covers the true mean about half the time). Everything here resamples or
+weights whole problems.
+
+Most statistics of the chapter are ratios of per-problem totals, R = sum_g num_g /
+sum_g den_g: a mean over tokens (num = the metric's sum, den = the token count), a share
+of the total KL (num = the category's KL, den = all KL), a share of tokens above a
+threshold. For those:
+
+- ``ratio_interval``: the cluster-robust standard error CR2 (Bell and McCaffrey 2002) in
+  closed form: with residual totals e_g = num_g - R den_g and each problem's share p_g of
+  the denominator, Var(R) = sum_g e_g^2 / (1 - p_g) / (sum_g den_g)^2; and a t interval
+  with the Bell–McCaffrey degrees of freedom tr(M)^2 / tr(M^2), M = diag(p / (1 - p)) -
+  u u', u_g = p_g / sqrt(1 - p_g) (G - 1 when problems are equally large).
+- ``bootstrap_t_interval``: the headline interval, a *paired cluster bootstrap-t*. Problems
+  are resampled with replacement (``bootstrap_counts``: one count matrix per table, shared
+  by every step, so a replicate is the same problems at every checkpoint and a change
+  between steps is resampled as a pair); each replicate's deviation R* - R is divided by
+  its own CR2 standard error and the interval is R - q_{97.5%} SE .. R - q_{2.5%} SE.
+  On simulated tokens with a problem effect (ICC 0.3) it covers 94-96% with 9, 20 and 100
+  problems, where the percentile bootstrap covers ~89% with 9. Studentizing also corrects
+  part of the skew of heavy-tailed values such as KL: on log-normal tokens with 9
+  problems it covers ~92.5% (the symmetric t interval ~90%), from 20 problems on 93-95%
+  (tests/test_clustered.py simulates all of them).
+
+For statistics that are not ratios of totals (quantiles, rank correlations),
+``replicate_interval`` turns paired replicates into estimate +- t_{G-1} x sd x
+sqrt(G / (G - 1)) (the bootstrap variance of a mean is (G - 1)/G of its unbiased estimate;
+for a mean this is the CR1 t interval). It is approximate and says so.
+
+No interval comes from fewer than two problems (NaN): one problem says nothing about the
+spread between problems. A statistic with no spread at all (every problem the same, e.g.
+a checkpoint identical to the reference) gets its point as the interval.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+N_BOOT = 999
+
+
+def problem_codes(problems) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes 0..G-1 for the problem of each row, and the sorted problem names."""
+    codes, names = pd.factorize(np.asarray(problems), sort=True)
+    return codes.astype(np.int64), np.asarray(names)
+
+
+def problem_totals(values, codes: np.ndarray, n_problems: int,
+                   weights=None) -> tuple[np.ndarray, np.ndarray]:
+    """Per problem: the sum of ``values`` x ``weights`` and the sum of ``weights`` (the
+    token count when no weights are given), in float64."""
+    values = np.asarray(values, dtype=np.float64)
+    w = np.ones_like(values) if weights is None else np.asarray(weights, dtype=np.float64)
+    num = np.bincount(codes, weights=values * w, minlength=n_problems)
+    den = np.bincount(codes, weights=w, minlength=n_problems)
+    return num, den
+
+
+def _cr2(num: np.ndarray, den: np.ndarray, counts=None):
+    """Ratio, CR2 variance and Bell–McCaffrey df over the last axis; ``counts`` repeats
+    problems (a bootstrap replicate: a problem drawn twice counts as two problems)."""
+    c = np.ones_like(den) if counts is None else counts
+    total = (c * den).sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = (c * num).sum(-1) / total
+        p = den / total[..., None]
+        present = (den != 0) & (c != 0)
+        d = np.where(present, p / (1 - p), 0.0)
+        resid = num - ratio[..., None] * den
+        var = (c * np.where(present, resid * resid / (1 - p), 0.0)).sum(-1) / (total * total)
+        u2 = p * d
+        trace = (c * d).sum(-1) - (c * u2).sum(-1)
+        frob2 = (c * d * d).sum(-1) - 2 * (c * d * u2).sum(-1) + (c * u2).sum(-1) ** 2
+        df = trace * trace / frob2
+    n_drawn = (c * (den != 0)).sum(-1)
+    ok = (n_drawn >= 2) & (total != 0) & ~np.any(present & (p >= 1), axis=-1)
+    return ratio, np.where(ok, np.sqrt(np.abs(var)), np.nan), np.where(ok, df, np.nan)
+
+
+def ratio_interval(num, den, alpha: float = 0.05) -> dict:
+    """R = sum(num) / sum(den) with its CR2 / Bell–McCaffrey t interval.
+
+    ``num``, ``den``: per-problem totals [G] (floats out) or [..., G] (one interval per
+    leading index; a problem with den = 0 is absent from that row). Returns estimate, se,
+    df, low, high and problems (how many carry weight)."""
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    ratio, se, df = _cr2(num, den)
+    spread = se > 0
+    with np.errstate(invalid="ignore"):
+        q = stats.t.ppf(1 - alpha / 2, np.where(spread, df, 1.0))
+    half = np.where(spread, q * se, np.where(se == 0, 0.0, np.nan))
+    out = {"estimate": ratio, "se": se, "df": df, "low": ratio - half, "high": ratio + half,
+           "problems": (den != 0).sum(-1)}
+    return _scalars(out) if num.ndim == 1 else out
+
+
+def bootstrap_counts(n_problems: int, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
+    """[n_boot, n_problems] float counts: how often each problem is drawn in each
+    replicate (rows sum to n_problems). Reuse one matrix for every step of a table to
+    pair the replicates across steps."""
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, max(n_problems, 1), size=(n_boot, n_problems))
+    flat = draws + n_problems * np.arange(n_boot)[:, None]
+    counts = np.bincount(flat.ravel(), minlength=n_boot * n_problems)
+    return counts.reshape(n_boot, n_problems).astype(np.float64)
+
+
+def bootstrap_ratios(num: np.ndarray, den: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Replicates of sum(num) / sum(den) for totals [G] or [G, K] (K steps or groups,
+    paired through the shared ``counts`` [B, G]): [B] or [B, K]. A replicate that drew
+    only problems with an empty denominator is NaN."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (counts @ num) / (counts @ den)
+
+
+def bootstrap_t_interval(num, den, counts: np.ndarray, alpha: float = 0.05) -> dict:
+    """The paired cluster bootstrap-t interval of R = sum(num) / sum(den).
+
+    ``num``, ``den``: per-problem totals [G] or [K, G] (K statistics over the same
+    problems, e.g. one per step or per step-to-step change); ``counts``: [B, G] from
+    ``bootstrap_counts``, shared by all K. Each replicate's t* = (R* - R) / SE*_CR2; a
+    replicate with no spread (its drawn problems all have the same ratio) is scaled by the
+    observed SE instead. Returns estimate, se (CR2), low, high, problems (floats for [G]).
+    """
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    one = num.ndim == 1
+    num, den = np.atleast_2d(num), np.atleast_2d(den)
+    ratio, se, _ = _cr2(num, den)
+    low, high = np.full(len(num), np.nan), np.full(len(num), np.nan)
+    chunk = max(1, int(4e6 // max(counts.size, 1)))  # bounds the [B, chunk, G] temporaries
+    for start in range(0, len(num), chunk):
+        rows = slice(start, start + chunk)
+        rep, rep_se, _ = _cr2(num[None, rows], den[None, rows], counts[:, None, :])
+        scale = np.where(rep_se > 0, rep_se, se[rows])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            t_star = (rep - ratio[rows]) / scale
+        t_star[~np.isfinite(t_star)] = np.nan
+        q_low, q_high = _nanquantiles(t_star, alpha)
+        low[rows] = ratio[rows] - q_high * se[rows]
+        high[rows] = ratio[rows] - q_low * se[rows]
+    point = se == 0
+    low[point], high[point] = ratio[point], ratio[point]
+    out = {"estimate": ratio, "se": se, "low": low, "high": high,
+           "problems": (den != 0).sum(-1)}
+    return _scalars(out) if one else out
+
+
+def replicate_interval(estimate, replicates, n_problems: int,
+                       alpha: float = 0.05) -> tuple:
+    """estimate +- t_{G-1} x sd(replicates) x sqrt(G / (G - 1)), for statistics that are
+    not ratios of totals. ``replicates`` [B] or [B, K] (``estimate`` then [K]); NaN
+    replicates are ignored; fewer than two problems give NaN."""
+    reps = np.asarray(replicates, dtype=np.float64)
+    estimate = np.asarray(estimate, dtype=np.float64)
+    if n_problems < 2:
+        nan = np.full(estimate.shape, np.nan)
+        return (float(nan), float(nan)) if nan.ndim == 0 else (nan, nan)
+    g = n_problems
+    with np.errstate(invalid="ignore"):
+        sd = np.nanstd(reps, axis=0, ddof=1) if len(reps) > 1 else np.nan
+    half = stats.t.ppf(1 - alpha / 2, g - 1) * sd * np.sqrt(g / (g - 1))
+    low, high = estimate - half, estimate + half
+    return (float(low), float(high)) if np.ndim(low) == 0 else (low, high)
+
+
+def _nanquantiles(t_star: np.ndarray, alpha: float):
+    """Lower and upper alpha/2 quantiles over axis 0, NaN where a column is all NaN."""
+    ok = ~np.all(np.isnan(t_star), axis=0)
+    q_low = np.full(t_star.shape[1:], np.nan)
+    q_high = np.full(t_star.shape[1:], np.nan)
+    if ok.any():
+        q = np.nanquantile(t_star[:, ok], [alpha / 2, 1 - alpha / 2], axis=0)
+        q_low[ok], q_high[ok] = q[0], q[1]
+    return q_low, q_high
+
+
+def _scalars(out: dict) -> dict:
+    """One statistic's results as plain floats (``problems`` as int)."""
+    return {k: (int if k == "problems" else float)(np.asarray(v).reshape(-1)[0])
+            for k, v in out.items()}
+
+
+def mean_interval(values, problems, alpha: float = 0.05, seed: int | None = None) -> dict:
+    """The mean over tokens of ``values`` with its interval: the cluster bootstrap-t
+    (``N_BOOT`` replicates) when a ``seed`` is given, else the CR2 t interval. NaN values
+    are left out."""
+    values = np.asarray(values, dtype=np.float64)
+    problems = np.asarray(problems)
+    ok = ~np.isnan(values)
+    codes, names = problem_codes(problems[ok])
+    num, den = problem_totals(values[ok], codes, len(names))
+    if seed is None:
+        return ratio_interval(num, den, alpha)
+    return bootstrap_t_interval(num, den, bootstrap_counts(len(names), N_BOOT, seed), alpha)
