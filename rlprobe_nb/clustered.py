@@ -44,6 +44,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from .statistics import seed_from
+
 N_BOOT = 999
 
 
@@ -202,3 +204,58 @@ def mean_interval(values, problems, alpha: float = 0.05, seed: int | None = None
     if seed is None:
         return ratio_interval(num, den, alpha)
     return bootstrap_t_interval(num, den, bootstrap_counts(len(names), N_BOOT, seed), alpha)
+
+
+def ratio_table(frame: pd.DataFrame, keys: list[str], num: str, den: str | None = None,
+                den_keys: list[str] | None = None, paired_by: tuple[str, ...] = ("group",),
+                seed: int = 0, n_boot: int = N_BOOT, problem: str = "problem_id",
+                alpha: float = 0.05, bounds: tuple[float, float] = (-np.inf, np.inf)
+                ) -> pd.DataFrame:
+    """Per value of ``paired_by`` + ``keys``: sum(num) / sum(den) over the rows, with the
+    paired cluster bootstrap-t interval (``bootstrap_t_interval``).
+
+    ``den`` None counts rows (a mean per row). ``den_keys`` (a subset of ``keys``) sums
+    the denominator over those keys only, for shares of a total: with keys [step,
+    category] and den_keys [step], a category's share of all KL of its step. The problems
+    of one ``paired_by`` stratum share one count matrix (seeded from ``seed`` and the
+    stratum), so every key of a stratum is resampled with the same problems: the pairing
+    that gives differences between steps their own intervals. ``bounds``: the range the
+    statistic can take (e.g. (0, 1) for a share); the interval is cut to it, which keeps
+    its coverage. Returns the ``paired_by`` and key columns, estimate, low, high, se,
+    problems and rows.
+    """
+    columns = list(paired_by) + list(keys) + ["estimate", "low", "high", "se", "problems", "rows"]
+    out = []
+    strata = frame.groupby(list(paired_by), sort=True, observed=True) if paired_by else [((), frame)]
+    for stratum, part in strata:
+        stratum = stratum if isinstance(stratum, tuple) else (stratum,)
+        codes, names = problem_codes(part[problem])
+        work = pd.DataFrame({k: part[k].to_numpy() for k in keys})
+        work["_g"] = codes
+        work["_num"] = part[num].to_numpy(np.float64)
+        work["_den"] = 1.0 if den is None else part[den].to_numpy(np.float64)
+        sums = work.groupby(keys + ["_g"], sort=True, observed=True)[["_num", "_den"]].sum()
+        num_m = _by_problem(sums["_num"], len(names))
+        den_m = _by_problem(sums["_den"], len(names))
+        if den_keys is not None:
+            totals = _by_problem(
+                work.groupby(den_keys + ["_g"], sort=True, observed=True)["_den"].sum(), len(names))
+            extra = [k for k in keys if k not in den_keys]
+            at = num_m.index.droplevel(extra) if extra else num_m.index
+            den_m = totals.reindex(at).set_axis(num_m.index)
+        counts = bootstrap_counts(len(names), n_boot, seed_from(seed, *stratum))
+        res = bootstrap_t_interval(num_m.to_numpy(), den_m.to_numpy(), counts, alpha)
+        table = num_m.index.to_frame(index=False)
+        for name, value in zip(paired_by, stratum):
+            table[name] = value
+        rows = work.groupby(keys, sort=True, observed=True).size().reindex(num_m.index)
+        out.append(table.assign(estimate=res["estimate"], low=np.clip(res["low"], *bounds),
+                                high=np.clip(res["high"], *bounds),
+                                se=res["se"], problems=res["problems"], rows=rows.to_numpy()))
+    return pd.concat(out, ignore_index=True)[columns] if out else pd.DataFrame(columns=columns)
+
+
+def _by_problem(series: pd.Series, n_problems: int) -> pd.DataFrame:
+    """A (keys..., _g) Series as a [keys, problem] frame with every problem a column."""
+    wide = series.unstack("_g", fill_value=0.0)
+    return wide.reindex(columns=range(n_problems), fill_value=0.0).astype(np.float64)
