@@ -206,25 +206,27 @@ def mean_interval(values, problems, alpha: float = 0.05, seed: int | None = None
     return bootstrap_t_interval(num, den, bootstrap_counts(len(names), N_BOOT, seed), alpha)
 
 
-def ratio_table(frame: pd.DataFrame, keys: list[str], num: str, den: str | None = None,
+def ratio_table(frame: pd.DataFrame, keys: list[str], num, den: str | None = None,
                 den_keys: list[str] | None = None, paired_by: tuple[str, ...] = ("group",),
                 seed: int = 0, n_boot: int = N_BOOT, problem: str = "problem_id",
-                alpha: float = 0.05, bounds: tuple[float, float] = (-np.inf, np.inf)
-                ) -> pd.DataFrame:
+                alpha: float = 0.05, bounds=(-np.inf, np.inf)) -> pd.DataFrame:
     """Per value of ``paired_by`` + ``keys``: sum(num) / sum(den) over the rows, with the
     paired cluster bootstrap-t interval (``bootstrap_t_interval``).
 
-    ``den`` None counts rows (a mean per row). ``den_keys`` (a subset of ``keys``) sums
-    the denominator over those keys only, for shares of a total: with keys [step,
-    category] and den_keys [step], a category's share of all KL of its step. The problems
-    of one ``paired_by`` stratum share one count matrix (seeded from ``seed`` and the
-    stratum), so every key of a stratum is resampled with the same problems: the pairing
-    that gives differences between steps their own intervals. ``bounds``: the range the
-    statistic can take (e.g. (0, 1) for a share); the interval is cut to it, which keeps
-    its coverage. Returns the ``paired_by`` and key columns, estimate, low, high, se,
-    problems and rows.
+    ``num``: a column, or a list of columns sharing the denominator (then a ``metric``
+    column names each). ``den`` None counts rows (a mean per row). ``den_keys`` (a subset
+    of ``keys``) sums the denominator over those keys only, for shares of a total: with
+    keys [step, category] and den_keys [step], a category's share of all KL of its step.
+    The problems of one ``paired_by`` stratum share one count matrix (seeded from ``seed``
+    and the stratum), so every key of a stratum is resampled with the same problems: the
+    pairing that gives differences between steps their own intervals. ``bounds``: the
+    range the statistic can take (e.g. (0, 1) for a share), or a dict of them per column;
+    the interval is cut to it, which keeps its coverage. Returns the ``paired_by`` and key
+    columns (and ``metric``), estimate, low, high, se, problems and rows.
     """
-    columns = list(paired_by) + list(keys) + ["estimate", "low", "high", "se", "problems", "rows"]
+    nums = [num] if isinstance(num, str) else list(num)
+    columns = (list(paired_by) + list(keys) + ([] if isinstance(num, str) else ["metric"])
+               + ["estimate", "low", "high", "se", "problems", "rows"])
     out = []
     strata = frame.groupby(list(paired_by), sort=True, observed=True) if paired_by else [((), frame)]
     for stratum, part in strata:
@@ -232,26 +234,30 @@ def ratio_table(frame: pd.DataFrame, keys: list[str], num: str, den: str | None 
         codes, names = problem_codes(part[problem])
         work = pd.DataFrame({k: part[k].to_numpy() for k in keys})
         work["_g"] = codes
-        work["_num"] = part[num].to_numpy(np.float64)
+        for i, column in enumerate(nums):
+            work[f"_num{i}"] = part[column].to_numpy(np.float64)
         work["_den"] = 1.0 if den is None else part[den].to_numpy(np.float64)
-        sums = work.groupby(keys + ["_g"], sort=True, observed=True)[["_num", "_den"]].sum()
-        num_m = _by_problem(sums["_num"], len(names))
+        sums = work.groupby(keys + ["_g"], sort=True, observed=True).sum()
         den_m = _by_problem(sums["_den"], len(names))
         if den_keys is not None:
             totals = _by_problem(
                 work.groupby(den_keys + ["_g"], sort=True, observed=True)["_den"].sum(), len(names))
             extra = [k for k in keys if k not in den_keys]
-            at = num_m.index.droplevel(extra) if extra else num_m.index
-            den_m = totals.reindex(at).set_axis(num_m.index)
+            at = den_m.index.droplevel(extra) if extra else den_m.index
+            den_m = totals.reindex(at).set_axis(den_m.index)
         counts = bootstrap_counts(len(names), n_boot, seed_from(seed, *stratum))
-        res = bootstrap_t_interval(num_m.to_numpy(), den_m.to_numpy(), counts, alpha)
-        table = num_m.index.to_frame(index=False)
-        for name, value in zip(paired_by, stratum):
-            table[name] = value
-        rows = work.groupby(keys, sort=True, observed=True).size().reindex(num_m.index)
-        out.append(table.assign(estimate=res["estimate"], low=np.clip(res["low"], *bounds),
-                                high=np.clip(res["high"], *bounds),
-                                se=res["se"], problems=res["problems"], rows=rows.to_numpy()))
+        rows = work.groupby(keys, sort=True, observed=True).size().reindex(den_m.index)
+        for i, column in enumerate(nums):
+            num_m = _by_problem(sums[f"_num{i}"], len(names))
+            res = bootstrap_t_interval(num_m.to_numpy(), den_m.to_numpy(), counts, alpha)
+            limits = bounds.get(column, (-np.inf, np.inf)) if isinstance(bounds, dict) else bounds
+            table = num_m.index.to_frame(index=False).assign(
+                metric=column, estimate=res["estimate"], low=np.clip(res["low"], *limits),
+                high=np.clip(res["high"], *limits), se=res["se"], problems=res["problems"],
+                rows=rows.to_numpy())
+            for name, value in zip(paired_by, stratum):
+                table[name] = value
+            out.append(table)
     return pd.concat(out, ignore_index=True)[columns] if out else pd.DataFrame(columns=columns)
 
 

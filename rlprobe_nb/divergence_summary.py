@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from . import clustered
+from . import clustered, paths, provenance, schemas, storage
 from .statistics import seed_from
 
 METRICS = ("kl_ref_ckpt", "kl_ckpt_ref", "js", "dlogp")
@@ -57,9 +57,8 @@ def when_table(tokens: pd.DataFrame, metrics=METRICS, seed: int = 0) -> pd.DataF
     """Per group, metric and step: the mean per token with its interval; the reference
     itself at step 0 (every metric is exactly 0 there)."""
     rows = analysed_rows(tokens)
-    parts = [clustered.ratio_table(rows, KEYS, m, seed=seed, bounds=bounds_of(m)).assign(
-        metric=m, method=BOOTSTRAP) for m in metrics]
-    table = pd.concat(parts, ignore_index=True)
+    table = clustered.ratio_table(rows, KEYS, list(metrics), seed=seed,
+                                  bounds={m: bounds_of(m) for m in metrics}).assign(method=BOOTSTRAP)
     itself = (table.sort_values("step").groupby(["group", "metric"], as_index=False).first()
               .assign(step=0, checkpoint=tokens.reference.iloc[0], estimate=0.0, low=0.0,
                       high=0.0, se=0.0, method=ITSELF))
@@ -104,9 +103,8 @@ def step_changes(tokens: pd.DataFrame, metrics=METRICS, seed: int = 0) -> pd.Dat
                                    checkpoint_to=right.loc[both, "checkpoint"]))
     diffs = pd.concat(diffs)
     keys = ["step_from", "step_to", "checkpoint_from", "checkpoint_to"]
-    table = pd.concat([clustered.ratio_table(diffs, keys, m, seed=seed).assign(metric=m)
-                       for m in metrics], ignore_index=True)
-    table = table.rename(columns={"estimate": "change"})
+    table = clustered.ratio_table(diffs, keys, list(metrics), seed=seed).rename(
+        columns={"estimate": "change"})
     return table.sort_values(["group", "metric", "step_to"], ignore_index=True)[
         ["group", "metric"] + keys + ["change", "low", "high", "se", "problems", "rows"]]
 
@@ -224,11 +222,9 @@ def position_table(tokens: pd.DataFrame, metrics=METRICS, seed: int = 0) -> pd.D
         part = tokens[mask.to_numpy()].assign(bin_order=order[mask].to_numpy().astype(int))
         if part.empty:
             continue
-        for m in metrics:
-            table = clustered.ratio_table(part, KEYS + ["bin_order"], m, seed=seed,
-                                          bounds=bounds_of(m))
-            out.append(table.assign(scheme=scheme, metric=m,
-                                    bin=table.bin_order.map(label)))
+        table = clustered.ratio_table(part, KEYS + ["bin_order"], list(metrics), seed=seed,
+                                      bounds={m: bounds_of(m) for m in metrics})
+        out.append(table.assign(scheme=scheme, bin=table.bin_order.map(label)))
     table = pd.concat(out, ignore_index=True)
     return table.sort_values(["group", "metric", "scheme", "bin_order", "step"],
                              ignore_index=True)[
@@ -307,3 +303,13 @@ def _rank_correlation(x, y, codes, counts):
         reps = cov / np.sqrt((sxx / n - (sx / n) ** 2) * (syy / n - (sy / n) ** 2))
     low, high = clustered.replicate_interval(rho, reps, len(np.unique(codes)))
     return rho, max(low, -1.0), min(high, 1.0)
+
+
+def write_aggregates(P, tables: dict, seed: int, extra: dict | None = None) -> list:
+    """Write each aggregate (name -> DataFrame, names as in ``schemas.TABLES``) under
+    data/<suite>/<name>/ with its schema and one manifest (the suite's parameters, the
+    bootstrap seed and ``extra``, e.g. what the token tables were). Returns the folders."""
+    manifest = provenance.manifest(P, seeds={"bootstrap": seed, "n_boot": clustered.N_BOOT},
+                                   extra=extra)
+    return [storage.write_table(paths.table_dir(P.suite, name), frame, schemas.TABLES[name],
+                                manifest) for name, frame in tables.items()]

@@ -58,8 +58,9 @@ def entropy_decile_table(tokens: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     rows = rows.assign(entropy_decile=entropy_deciles(rows),
                        entropy_change=rows.entropy_ckpt - rows.entropy_ref)
     keys = KEYS + ["entropy_decile"]
-    out = [clustered.ratio_table(rows, keys, m, seed=seed, bounds=bounds_of(m)).assign(metric=m)
-           for m in ("kl_ref_ckpt", "kl_ckpt_ref", "entropy_change")]
+    metrics = ["kl_ref_ckpt", "kl_ckpt_ref", "entropy_change"]
+    out = [clustered.ratio_table(rows, keys, metrics, seed=seed,
+                                 bounds={m: bounds_of(m) for m in metrics})]
     ranges = rows.groupby(["group", "entropy_decile"]).entropy_ref.agg(
         entropy_from="min", entropy_to="max").reset_index()
     table = pd.concat(out, ignore_index=True).merge(ranges, on=["group", "entropy_decile"])

@@ -74,14 +74,16 @@ def estimator_table(tokens: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
               "sequence": sequence_means(rows, ESTIMATORS + TARGETS)}
     keys = KEYS + ["temperature_label"]
     out = []
+    pairs = [(k, target) for k in ESTIMATORS for target in TARGETS]
     for level, frame in levels.items():
-        for k in ESTIMATORS:
-            for target in TARGETS:
-                work = frame.assign(_error=frame[k] - frame[target])
-                table = clustered.ratio_table(work, keys, "_error", seed=seed)
-                out.append(table.rename(columns={"estimate": "bias"}).merge(
-                    _describe(work, ["group"] + keys, k, target)).assign(
-                    level=level, estimator=k, target=target))
+        errors = frame.assign(**{f"{k}-{t}": frame[k] - frame[t] for k, t in pairs})
+        biases = clustered.ratio_table(errors, keys, [f"{k}-{t}" for k, t in pairs], seed=seed)
+        for k, target in pairs:
+            table = biases[biases.metric == f"{k}-{target}"].drop(columns="metric")
+            work = errors.rename(columns={f"{k}-{target}": "_error"})
+            out.append(table.rename(columns={"estimate": "bias"}).merge(
+                _describe(work, ["group"] + keys, k, target)).assign(
+                level=level, estimator=k, target=target))
     table = pd.concat(out, ignore_index=True)
     table["relative_bias"] = table.bias / table.mean_exact.where(table.mean_exact != 0)
     return table.sort_values(["group", "level", "estimator", "target", "step",

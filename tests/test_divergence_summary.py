@@ -4,6 +4,8 @@ rendered to SVG and PNG."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,7 +16,7 @@ from rlprobe_nb import divergence_summary as ds
 from rlprobe_nb import entropy_concentration as ec
 from rlprobe_nb import estimator_lab as el
 from rlprobe_nb import token_categories as tc
-from rlprobe_nb import views
+from rlprobe_nb import paths, storage, views
 from synthetic_tokens import pair_metrics, synthetic_tokens
 
 METRICS = list(ds.METRICS)
@@ -37,7 +39,8 @@ def _aggregates(tokens) -> dict:
             "categories": ds.category_table(tokens, tc.classify(tokens)),
             "similarity": ds.step_similarity(tokens),
             "deciles": ec.entropy_decile_table(tokens), "share": ec.high_entropy_share(tokens),
-            "lab": el.estimator_table(tokens), "scatter": el.estimator_scatter(tokens)}
+            "lab": el.estimator_table(tokens), "scatter": el.estimator_scatter(tokens),
+            "reweighted": el.reweighted_table(tokens)}
 
 
 @pytest.fixture(scope="module")
@@ -342,6 +345,26 @@ def test_every_chart_renders(which, request, tmp_path):
     views.show(chart, save_as=tmp_path / name)  # and the files beside it
     assert (tmp_path / f"{name}.svg").stat().st_size > 1000
     assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+TABLE_NAMES = {"when": "divergence_when", "per_problem": "divergence_per_problem",
+               "changes": "divergence_changes", "ecdf": "divergence_ecdf",
+               "tails": "divergence_tails", "position": "divergence_position",
+               "categories": "divergence_categories", "similarity": "divergence_similarity",
+               "deciles": "entropy_deciles", "share": "entropy_share", "lab": "estimator_lab",
+               "reweighted": "estimator_reweighted"}
+
+
+@pytest.mark.parametrize("which", ["tables", "same_tables"])
+def test_aggregates_are_written_with_their_schemas(which, request, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLPROBE_OUT", str(tmp_path))
+    t = request.getfixturevalue(which)
+    params = SimpleNamespace(suite="synthetic", files=[], as_dict=lambda: {"suite": "synthetic"})
+    folders = ds.write_aggregates(params, {TABLE_NAMES[k]: t[k] for k in TABLE_NAMES}, seed=0)
+    assert len(folders) == len(TABLE_NAMES)
+    for key, name in TABLE_NAMES.items():
+        back = storage.read_table(paths.table_dir("synthetic", name))
+        assert len(back) == len(t[key]) and storage.read_manifest(folders[0])["seeds"]["bootstrap"] == 0
 
 
 def test_change_table_for_display_names_directions(tables):
