@@ -21,7 +21,9 @@ threshold. For those:
   are resampled with replacement (``bootstrap_counts``: one count matrix per table, shared
   by every step, so a replicate is the same problems at every checkpoint and a change
   between steps is resampled as a pair); each replicate's deviation R* - R is divided by
-  its own CR2 standard error and the interval is R - q_{97.5%} SE .. R - q_{2.5%} SE.
+  its own cluster-robust standard error (sqrt(sum_g e_g^2) / sum_g den_g, computed for all
+  replicates at once by matrix products) and the interval is R - q_{97.5%} SE ..
+  R - q_{2.5%} SE.
   On simulated tokens with a problem effect (ICC 0.3) it covers 94-96% with 9, 20 and 100
   problems, where the percentile bootstrap covers ~89% with 9. Studentizing also corrects
   part of the skew of heavy-tailed values such as KL: on log-normal tokens with 9
@@ -66,24 +68,21 @@ def problem_totals(values, codes: np.ndarray, n_problems: int,
     return num, den
 
 
-def _cr2(num: np.ndarray, den: np.ndarray, counts=None):
-    """Ratio, CR2 variance and Bell–McCaffrey df over the last axis; ``counts`` repeats
-    problems (a bootstrap replicate: a problem drawn twice counts as two problems)."""
-    c = np.ones_like(den) if counts is None else counts
-    total = (c * den).sum(-1)
+def _cr2(num: np.ndarray, den: np.ndarray):
+    """Ratio, CR2 standard error and Bell–McCaffrey df over the last axis."""
+    total = den.sum(-1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = (c * num).sum(-1) / total
+        ratio = num.sum(-1) / total
         p = den / total[..., None]
-        present = (den != 0) & (c != 0)
+        present = den != 0
         d = np.where(present, p / (1 - p), 0.0)
         resid = num - ratio[..., None] * den
-        var = (c * np.where(present, resid * resid / (1 - p), 0.0)).sum(-1) / (total * total)
+        var = np.where(present, resid * resid / (1 - p), 0.0).sum(-1) / (total * total)
         u2 = p * d
-        trace = (c * d).sum(-1) - (c * u2).sum(-1)
-        frob2 = (c * d * d).sum(-1) - 2 * (c * d * u2).sum(-1) + (c * u2).sum(-1) ** 2
+        trace = d.sum(-1) - u2.sum(-1)
+        frob2 = (d * d).sum(-1) - 2 * (d * u2).sum(-1) + u2.sum(-1) ** 2
         df = trace * trace / frob2
-    n_drawn = (c * (den != 0)).sum(-1)
-    ok = (n_drawn >= 2) & (total != 0) & ~np.any(present & (p >= 1), axis=-1)
+    ok = (present.sum(-1) >= 2) & (total != 0) & ~np.any(present & (p >= 1), axis=-1)
     return ratio, np.where(ok, np.sqrt(np.abs(var)), np.nan), np.where(ok, df, np.nan)
 
 
@@ -129,27 +128,32 @@ def bootstrap_t_interval(num, den, counts: np.ndarray, alpha: float = 0.05) -> d
 
     ``num``, ``den``: per-problem totals [G] or [K, G] (K statistics over the same
     problems, e.g. one per step or per step-to-step change); ``counts``: [B, G] from
-    ``bootstrap_counts``, shared by all K. Each replicate's t* = (R* - R) / SE*_CR2; a
-    replicate with no spread (its drawn problems all have the same ratio) is scaled by the
-    observed SE instead. Returns estimate, se (CR2), low, high, problems (floats for [G]).
+    ``bootstrap_counts``, shared by all K. Each replicate's t* = (R* - R) / SE*, with the
+    cluster-robust standard error SE = sqrt(sum_g e_g^2) / sum_g den_g of its drawn
+    problems (a problem drawn twice counts twice); the interval is R - q_97.5% SE ..
+    R - q_2.5% SE. A replicate with no spread (its drawn problems all have the same ratio)
+    is scaled by the observed SE instead; no spread at all gives the point. Returns
+    estimate, se, low, high, problems (floats for [G]).
     """
     num = np.asarray(num, dtype=np.float64)
     den = np.asarray(den, dtype=np.float64)
     one = num.ndim == 1
     num, den = np.atleast_2d(num), np.atleast_2d(den)
-    ratio, se, _ = _cr2(num, den)
-    low, high = np.full(len(num), np.nan), np.full(len(num), np.nan)
-    chunk = max(1, int(4e6 // max(counts.size, 1)))  # bounds the [B, chunk, G] temporaries
-    for start in range(0, len(num), chunk):
-        rows = slice(start, start + chunk)
-        rep, rep_se, _ = _cr2(num[None, rows], den[None, rows], counts[:, None, :])
-        scale = np.where(rep_se > 0, rep_se, se[rows])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            t_star = (rep - ratio[rows]) / scale
-        t_star[~np.isfinite(t_star)] = np.nan
-        q_low, q_high = _nanquantiles(t_star, alpha)
-        low[rows] = ratio[rows] - q_high * se[rows]
-        high[rows] = ratio[rows] - q_low * se[rows]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = num.sum(1) / den.sum(1)
+        centred = num - ratio[:, None] * den  # residual totals e_g at R
+        se = np.sqrt((centred * centred).sum(1)) / np.abs(den.sum(1))
+        # Replicates by matrix products: R* - R = sum c e / sum c den, and the residuals
+        # at R* are e_g - (R* - R) den_g.
+        drawn_den = counts @ den.T
+        shift = (counts @ centred.T) / drawn_den
+        squares = (counts @ (centred * centred).T - 2 * shift * (counts @ (centred * den).T)
+                   + shift * shift * (counts @ (den * den).T))
+        rep_se = np.sqrt(np.maximum(squares, 0.0)) / np.abs(drawn_den)
+        t_star = shift / np.where(rep_se > 0, rep_se, se)
+    t_star[~np.isfinite(t_star)] = np.nan
+    q_low, q_high = _nanquantiles(t_star, alpha)
+    low, high = ratio - q_high * se, ratio - q_low * se
     point = se == 0
     low[point], high[point] = ratio[point], ratio[point]
     out = {"estimate": ratio, "se": se, "low": low, "high": high,
@@ -176,14 +180,19 @@ def replicate_interval(estimate, replicates, n_problems: int,
 
 
 def _nanquantiles(t_star: np.ndarray, alpha: float):
-    """Lower and upper alpha/2 quantiles over axis 0, NaN where a column is all NaN."""
-    ok = ~np.all(np.isnan(t_star), axis=0)
-    q_low = np.full(t_star.shape[1:], np.nan)
-    q_high = np.full(t_star.shape[1:], np.nan)
-    if ok.any():
-        q = np.nanquantile(t_star[:, ok], [alpha / 2, 1 - alpha / 2], axis=0)
-        q_low[ok], q_high[ok] = q[0], q[1]
-    return q_low, q_high
+    """Lower and upper alpha/2 quantiles over axis 0 ignoring NaN (numpy's linear rule),
+    NaN where a column is all NaN; vectorised (np.nanquantile loops over columns)."""
+    ordered = np.sort(t_star, axis=0)  # NaN last
+    valid = (~np.isnan(t_star)).sum(0)
+    out = []
+    for q in (alpha / 2, 1 - alpha / 2):
+        pos = q * np.maximum(valid - 1, 0)
+        below = np.floor(pos).astype(int)
+        above = np.minimum(below + 1, np.maximum(valid - 1, 0))
+        lo = np.take_along_axis(ordered, below[None], 0)[0]
+        hi = np.take_along_axis(ordered, above[None], 0)[0]
+        out.append(np.where(valid > 0, lo + (pos - below) * (hi - lo), np.nan))
+    return out[0], out[1]
 
 
 def _scalars(out: dict) -> dict:

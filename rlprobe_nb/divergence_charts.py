@@ -24,6 +24,11 @@ LABELS = {
 SHORT = {"kl_ref_ckpt": "KL(ref‖ckpt): checkpoint surprised by the reference's text",
          "kl_ckpt_ref": "KL(ckpt‖ref): reference surprised by the checkpoint's text",
          "js": "Jensen–Shannon", "dlogp": "Δlogp of the written token"}
+WORDS = {"kl_ref_ckpt": "KL(ref‖ckpt) (how surprised the checkpoint is by what the reference "
+                        "would write)",
+         "kl_ckpt_ref": "KL(ckpt‖ref) (how surprised the reference is by what the checkpoint "
+                        "would write)",
+         "js": "Jensen–Shannon divergence", "dlogp": "Δlogp of the written token"}
 STEP_AXIS = "RL step (the reference at 0)"
 CATEGORY_STATISTIC_LABELS = {
     "token_share": "share of tokens",
@@ -260,3 +265,102 @@ def changes_for_display(changes: pd.DataFrame, group: str = "target") -> pd.Data
                                 "high": "95% high"})[
         ["metric", "from step", "to step", "change of the mean", "95% low", "95% high",
          "problems", "rows"]].reset_index(drop=True)
+
+
+def group_contrast_chart(when: pd.DataFrame, metric: str = "kl_ref_ckpt"):
+    """The mean per token against RL step for every group side by side: the target
+    group's wrong reasoning against the reference's right rollouts of the same problems
+    and the control problems' rollouts."""
+    data = when[when.metric == metric]
+    colour = alt.Color("group:N", title="rollouts")
+    return _estimate_with_interval(data, _steps_x(data.step), LABELS[metric], colour).encode(
+        xOffset=alt.XOffset("group:N")).properties(
+        width=360, height=220, title=f"{SHORT[metric].split(':')[0]} per group (95% intervals)")
+
+
+# Sentences for the narrative, built from the tables (so no number is ever typed).
+
+def _interval(row, scale: float = 1.0, digits: int = 3) -> str:
+    return (f"{scale * row.estimate:.{digits}g} [{scale * row.low:.{digits}g}, "
+            f"{scale * row.high:.{digits}g}]")
+
+
+def say_when(when: pd.DataFrame, changes: pd.DataFrame, group: str = "target",
+             metric: str = "kl_ref_ckpt") -> str:
+    """The last step's mean and the largest step-to-step change of ``metric``."""
+    rows = when[(when.group == group) & (when.metric == metric) & (when.step > 0)]
+    if rows.empty:
+        return f"No checkpoint rows in group {group!r}."
+    last = rows.loc[rows.step.idxmax()]
+    steps = changes[(changes.group == group) & (changes.metric == metric)]
+    big = steps.loc[steps.change.abs().idxmax()]
+    return (f"At step {last.step} ({last.checkpoint}), the mean {WORDS[metric]} is "
+            f"{_interval(last)} nats per token (95% interval over {last.problems} problems, "
+            f"{last.rows} tokens; the reference is 0 by definition). The largest change "
+            f"between consecutive steps is from step {big.step_from} to {big.step_to}: "
+            f"{big.change:+.3g} [{big.low:+.3g}, {big.high:+.3g}] nats.")
+
+
+def say_tails(tails: pd.DataFrame, group: str = "target") -> str:
+    """The last step's high quantile and share of tokens above the threshold."""
+    rows = tails[(tails.group == group)]
+    if rows.empty:
+        return f"No checkpoint rows in group {group!r}."
+    last = rows[rows.step == rows.step.max()].set_index("statistic")
+    share = last.loc[[s for s in last.index if s.startswith("share")][0]]
+    quantile = last.loc[sorted(s for s in last.index if s.startswith("p"))[-1]]
+    return (f"At step {share.step}, {_interval(share, 100)}% of tokens have "
+            f"{SHORT[share.metric].split(':')[0]} {share.name.replace('share ', '')}, and its "
+            f"{quantile.name} is {_interval(quantile)} nats.")
+
+
+def say_categories(categories: pd.DataFrame, group: str = "target") -> str:
+    """At the last step: the most rejected category, and the category whose share of all
+    KL(ref‖ckpt) exceeds its share of the tokens by the most."""
+    rows = categories[categories.group == group]
+    last = rows[rows.step == rows.step.max()]
+    dlogp = last[last.statistic == "dlogp_mean"].dropna(subset=["estimate"])
+    if dlogp.empty:
+        return f"No categorised rows in group {group!r}."
+    worst = dlogp.loc[dlogp.estimate.idxmin()]
+    kl = last[last.statistic == "kl_ref_ckpt_share"].set_index("category")
+    tok = last[last.statistic == "token_share"].set_index("category")
+    excess = (kl.estimate - tok.estimate).dropna()
+    if worst.estimate < 0:
+        text = (f"At step {worst.step}, the checkpoint lowers the probability of the "
+                f"reference's '{worst.category}' tokens most: mean Δlogp {_interval(worst)} nats.")
+    else:
+        text = f"At step {worst.step}, no category's tokens lose probability on average."
+    if not excess.empty:
+        top = excess.idxmax()
+        text += (f" '{top}' tokens carry {_interval(kl.loc[top], 100)}% of all KL(ref‖ckpt) "
+                 f"while being {_interval(tok.loc[top], 100)}% of the tokens.")
+    return text
+
+
+def say_concentration(share: pd.DataFrame, group: str = "target",
+                      metric: str = "kl_ref_ckpt") -> str:
+    """The last step's concentration against both baselines."""
+    rows = share[(share.group == group) & (share.metric == metric)].dropna(subset=["estimate"])
+    if rows.empty:
+        return f"No {metric} to share out in group {group!r} (the checkpoints equal the reference)."
+    last = rows.loc[rows.step.idxmax()]
+    return (f"At step {last.step}, the {100 * last.top:g}% highest-entropy positions carry "
+            f"{_interval(last, 100)}% of all {SHORT[metric].split(':')[0]}. Shuffling the "
+            f"values within problems gives {100 * last.null_mean:.3g}% "
+            f"[{100 * last.null_low:.3g}, {100 * last.null_high:.3g}]; the same small nudge "
+            f"to every logit everywhere would give {100 * last.mechanical_low:.3g}–"
+            f"{100 * last.mechanical_high:.3g}%.")
+
+
+def say_estimators(lab: pd.DataFrame, group: str = "target", estimator: str = "k3") -> str:
+    """``estimator``'s relative bias against KL(ref‖ckpt) per temperature at the last step."""
+    rows = lab[(lab.group == group) & (lab.level == "token") & (lab.estimator == estimator)
+               & (lab.target == "kl_ref_ckpt")]
+    if rows.empty:
+        return f"No rows in group {group!r}."
+    last = rows[rows.step == rows.step.max()]
+    parts = [f"{r.temperature_label}: {r.mean_estimate:.3g} against {r.mean_exact:.3g} "
+             f"(bias {r.bias:+.3g} [{r.low:+.3g}, {r.high:+.3g}])" for r in last.itertuples()]
+    return (f"At step {last.step.iloc[0]}, the mean of {estimator} per token against the exact "
+            f"KL(ref‖ckpt), by rollout temperature: " + "; ".join(parts) + ".")

@@ -97,16 +97,16 @@ def _describe(work: pd.DataFrame, keys: list[str], k: str, target: str) -> pd.Da
     """Per key: means, sd of the error and Spearman's correlation (Pearson of the ranks
     within the key; NaN where either side has no spread)."""
     grouped = work.groupby(keys, sort=True, observed=True)
-    ranks = pd.DataFrame({"a": grouped[k].rank(), "b": grouped[target].rank()})
-    for col in keys:
-        ranks[col] = work[col].to_numpy()
-    r = ranks.groupby(keys, sort=True, observed=True)
-    cov = (r.apply(lambda g: g.a.cov(g.b), include_groups=False))
-    spread_a, spread_b = r.a.std(), r.b.std()
+    ranks = pd.DataFrame({"a": grouped[k].rank().to_numpy(), "b": grouped[target].rank().to_numpy()})
+    ranks = ranks.assign(ab=ranks.a * ranks.b, aa=ranks.a ** 2, bb=ranks.b ** 2)
+    m = ranks.groupby([work[c].to_numpy() for c in keys], sort=True).mean()
+    var_a, var_b = m.aa - m.a ** 2, m.bb - m.b ** 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        spearman = ((m.ab - m.a * m.b) / np.sqrt(var_a * var_b)).where(
+            (var_a > 1e-12 * m.aa) & (var_b > 1e-12 * m.bb))
     out = grouped.agg(mean_estimate=(k, "mean"), mean_exact=(target, "mean"),
                       spread=("_error", "std"))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["spearman"] = (cov / (spread_a * spread_b)).where((spread_a > 0) & (spread_b > 0))
+    out["spearman"] = spearman.to_numpy()
     return out.reset_index()
 
 
