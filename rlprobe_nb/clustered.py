@@ -156,8 +156,10 @@ def bootstrap_t_interval(num, den, counts: np.ndarray, alpha: float = 0.05) -> d
     low, high = ratio - q_high * se, ratio - q_low * se
     point = se == 0
     low[point], high[point] = ratio[point], ratio[point]
-    out = {"estimate": ratio, "se": se, "low": low, "high": high,
-           "problems": (den != 0).sum(-1)}
+    problems = (den != 0).sum(-1)
+    few = problems < 2  # one problem says nothing about the spread between problems
+    se, low, high = (np.where(few, np.nan, x) for x in (se, low, high))
+    out = {"estimate": ratio, "se": se, "low": low, "high": high, "problems": problems}
     return _scalars(out) if one else out
 
 
@@ -237,7 +239,8 @@ def ratio_table(frame: pd.DataFrame, keys: list[str], num, den: str | None = Non
     columns = (list(paired_by) + list(keys) + ([] if isinstance(num, str) else ["metric"])
                + ["estimate", "low", "high", "se", "problems", "rows"])
     out = []
-    strata = frame.groupby(list(paired_by), sort=True, observed=True) if paired_by else [((), frame)]
+    strata = (frame.groupby(list(paired_by), sort=True, observed=True) if paired_by
+              else [((), frame)])
     for stratum, part in strata:
         stratum = stratum if isinstance(stratum, tuple) else (stratum,)
         codes, names = problem_codes(part[problem])

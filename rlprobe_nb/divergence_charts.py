@@ -71,7 +71,8 @@ def when_chart(when: pd.DataFrame, per_problem: pd.DataFrame, group: str = "targ
             width=WIDTH, height=HEIGHT, title=SHORT[m].split(":")[0]))
     top = alt.hconcat(*panels)
     if accuracy is None:
-        return top.properties(title=f"Mean per token, group {group!r} (95% intervals over problems)")
+        return top.properties(
+            title=f"Mean per token, group {group!r} (95% intervals over problems)")
     acc = _estimate_with_interval(accuracy.rename(columns={"rate": "estimate"}), x,
                                   "accuracy").encode(tooltip=["model", "estimate", "low", "high"])
     return alt.vconcat(top, acc.properties(width=WIDTH, height=110, title="Accuracy")).properties(
@@ -270,11 +271,17 @@ def changes_for_display(changes: pd.DataFrame, group: str = "target") -> pd.Data
 def group_contrast_chart(when: pd.DataFrame, metric: str = "kl_ref_ckpt"):
     """The mean per token against RL step for every group side by side: the target
     group's wrong reasoning against the reference's right rollouts of the same problems
-    and the control problems' rollouts."""
-    data = when[when.metric == metric]
+    and the control problems' rollouts (each group drawn slightly apart so the intervals
+    do not hide each other; the tooltip gives the step)."""
+    data = when[when.metric == metric].copy()
+    groups = sorted(data.group.unique())
+    span = max(float(data.step.max() - data.step.min()), 1.0)
+    offset = data.group.map(groups.index) - (len(groups) - 1) / 2
+    data["drawn_at"] = data.step + offset * 0.01 * span
+    x = alt.X("drawn_at:Q", title=STEP_AXIS, scale=alt.Scale(nice=False))
     colour = alt.Color("group:N", title="rollouts")
-    return _estimate_with_interval(data, _steps_x(data.step), LABELS[metric], colour).encode(
-        xOffset=alt.XOffset("group:N")).properties(
+    return _estimate_with_interval(data, x, LABELS[metric], colour).encode(
+        tooltip=["group", "step", "estimate", "low", "high", "problems"]).properties(
         width=360, height=220, title=f"{SHORT[metric].split(':')[0]} per group (95% intervals)")
 
 

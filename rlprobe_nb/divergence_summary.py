@@ -34,13 +34,13 @@ METRICS = ("kl_ref_ckpt", "kl_ckpt_ref", "js", "dlogp")
 KEYS = ["step", "checkpoint"]
 NONNEGATIVE = (0.0, np.inf)
 SHARE = (0.0, 1.0)
+BOOTSTRAP = "paired cluster bootstrap-t over problems"
+ITSELF = "exact: the reference against itself"
 
 
 def bounds_of(metric: str) -> tuple[float, float]:
     """The range a mean of ``metric`` can take (divergences are >= 0, Δlogp is signed)."""
     return NONNEGATIVE if metric in ("kl_ref_ckpt", "kl_ckpt_ref", "js") else (-np.inf, np.inf)
-BOOTSTRAP = "paired cluster bootstrap-t over problems"
-ITSELF = "exact: the reference against itself"
 
 
 def analysed_rows(tokens: pd.DataFrame) -> pd.DataFrame:
@@ -58,7 +58,8 @@ def when_table(tokens: pd.DataFrame, metrics=METRICS, seed: int = 0) -> pd.DataF
     itself at step 0 (every metric is exactly 0 there)."""
     rows = analysed_rows(tokens)
     table = clustered.ratio_table(rows, KEYS, list(metrics), seed=seed,
-                                  bounds={m: bounds_of(m) for m in metrics}).assign(method=BOOTSTRAP)
+                                  bounds={m: bounds_of(m) for m in metrics})
+    table["method"] = BOOTSTRAP
     itself = (table.sort_values("step").groupby(["group", "metric"], as_index=False).first()
               .assign(step=0, checkpoint=tokens.reference.iloc[0], estimate=0.0, low=0.0,
                       high=0.0, se=0.0, method=ITSELF))

@@ -72,11 +72,11 @@ def entropy_decile_table(tokens: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
 def high_entropy_positions(tokens: pd.DataFrame, top: float = 0.2) -> pd.Series:
     """Whether each row is among the ``top`` share of its group's distinct positions by
     reference entropy."""
-    decile_like = tokens.drop_duplicates(["rollout_id", "pos"])
-    ranks = decile_like.groupby("group").entropy_ref.rank(method="first", ascending=False)
-    sizes = decile_like.groupby("group").entropy_ref.transform("size")
+    positions = tokens.drop_duplicates(["rollout_id", "pos"])
+    ranks = positions.groupby("group").entropy_ref.rank(method="first", ascending=False)
+    sizes = positions.groupby("group").entropy_ref.transform("size")
     high = pd.Series((ranks <= np.ceil(top * sizes)).to_numpy(),
-                     index=pd.MultiIndex.from_frame(decile_like[["rollout_id", "pos"]]))
+                     index=pd.MultiIndex.from_frame(positions[["rollout_id", "pos"]]))
     keys = pd.MultiIndex.from_frame(tokens[["rollout_id", "pos"]])
     return pd.Series(high.reindex(keys).to_numpy(bool), index=tokens.index, name="high_entropy")
 

@@ -97,7 +97,8 @@ def _describe(work: pd.DataFrame, keys: list[str], k: str, target: str) -> pd.Da
     """Per key: means, sd of the error and Spearman's correlation (Pearson of the ranks
     within the key; NaN where either side has no spread)."""
     grouped = work.groupby(keys, sort=True, observed=True)
-    ranks = pd.DataFrame({"a": grouped[k].rank().to_numpy(), "b": grouped[target].rank().to_numpy()})
+    ranks = pd.DataFrame({"a": grouped[k].rank().to_numpy(),
+                          "b": grouped[target].rank().to_numpy()})
     ranks = ranks.assign(ab=ranks.a * ranks.b, aa=ranks.a ** 2, bb=ranks.b ** 2)
     m = ranks.groupby([work[c].to_numpy() for c in keys], sort=True).mean()
     var_a, var_b = m.aa - m.a ** 2, m.bb - m.b ** 2

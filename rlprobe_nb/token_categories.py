@@ -7,9 +7,9 @@ strings. Each rollout's text is rebuilt from its tokens' spans (``char_start`` /
 ``char_end`` tile the text; pass the rollouts' own texts to be exact where a token ends
 inside a multi-byte character), every *character* gets a category (from its own class
 and its neighbours, then from a few regular expressions for context), and a token takes
-the highest-ranked category among its characters. A sub-word therefore belongs to its word ("there" + "fore" are both a
-connective), a number split into digit tokens keeps the number's role, and whitespace
-only decides when a token holds nothing else.
+the highest-ranked category among its characters. A sub-word therefore belongs to its
+word ("there" + "fore" are both a connective), a number split into digit tokens keeps
+the number's role, and whitespace only decides when a token holds nothing else.
 
 Categories, from the highest rank to the lowest (``CATEGORIES``):
 

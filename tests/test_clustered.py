@@ -117,10 +117,13 @@ def test_bootstrap_t_matches_a_loop_over_replicates():
         assert got["se"][k] == pytest.approx(se, rel=1e-12)
 
 
-def test_bootstrap_t_of_constant_values_is_the_point():
+def test_bootstrap_t_of_constant_values_is_the_point_and_one_problem_is_nan():
     counts = clustered.bootstrap_counts(4, 50, seed=0)
     got = clustered.bootstrap_t_interval(np.zeros(4), np.array([3.0, 1, 2, 5]), counts)
     assert (got["estimate"], got["low"], got["high"]) == (0.0, 0.0, 0.0)
+    alone = clustered.bootstrap_t_interval(np.array([2.0, 0, 0, 0]), np.array([4.0, 0, 0, 0]),
+                                           counts)
+    assert alone["estimate"] == 0.5 and np.isnan(alone["low"]) and alone["problems"] == 1
 
 
 def _simulate(n_problems, n_sims, rng, lognormal=False):

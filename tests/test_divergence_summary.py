@@ -80,7 +80,8 @@ def test_when_table_means_match_pandas(tokens, tables):
     _close(got[METRICS], expected)
     _brackets(when)
     itself = when[when.step == 0]
-    assert (itself.checkpoint == "dpo").all() and (itself[["estimate", "low", "high"]] == 0).all().all()
+    assert (itself.checkpoint == "dpo").all()
+    assert (itself[["estimate", "low", "high"]] == 0).all().all()
     assert set(itself.method) == {ds.ITSELF} and len(itself) == 3 * len(METRICS)
     # divergences grow with the step in this table, and are nonnegative
     kl = when[(when.metric == "kl_ref_ckpt") & (when.group == "target")].estimate.to_numpy()
@@ -108,7 +109,8 @@ def test_step_changes_are_paired_differences_of_means(tables):
     # the two means it separates.
     table = tables["when"].set_index(["group", "metric", "step"])
     change = changes.set_index(["group", "metric", "step_to"]).loc[("target", "kl_ref_ckpt", 400)]
-    separate = table.loc[("target", "kl_ref_ckpt", 400)].se + table.loc[("target", "kl_ref_ckpt", 200)].se
+    separate = (table.loc[("target", "kl_ref_ckpt", 400)].se
+                + table.loc[("target", "kl_ref_ckpt", 200)].se)
     assert change.se < separate
 
 
@@ -185,7 +187,8 @@ def test_entropy_deciles_match_pandas(tokens, tables):
         decile = np.empty(len(order), int)
         decile[order] = np.arange(len(order)) * 10 // len(order)
         lookup = pd.Series(decile, index=pd.MultiIndex.from_frame(positions[["rollout_id", "pos"]]))
-        part = part.assign(d=lookup.reindex(pd.MultiIndex.from_frame(part[["rollout_id", "pos"]])).to_numpy(),
+        where = pd.MultiIndex.from_frame(part[["rollout_id", "pos"]])
+        part = part.assign(d=lookup.reindex(where).to_numpy(),
                            change=part.entropy_ckpt - part.entropy_ref)
         for (d, step), cell in part.groupby(["d", "step"]):
             _close(table[(group, "kl_ref_ckpt", d, step)], cell.kl_ref_ckpt.mean())
@@ -197,7 +200,8 @@ def test_high_entropy_share_observed_matches_pandas(tokens, tables):
     rows = _plain(tokens)
     for (group, step), part in rows.groupby(["group", "step"]):
         positions = part.drop_duplicates(["rollout_id", "pos"])
-        cut = np.sort(positions.entropy_ref.to_numpy())[::-1][int(np.ceil(0.2 * len(positions))) - 1]
+        ranked = np.sort(positions.entropy_ref.to_numpy())[::-1]
+        cut = ranked[int(np.ceil(0.2 * len(positions))) - 1]
         high = part.entropy_ref >= cut
         got = share[(share.group == group) & (share.step == step)].set_index("metric")
         for m in ("kl_ref_ckpt", "kl_ckpt_ref"):
@@ -332,6 +336,7 @@ def _all_charts(t: dict) -> dict:
         "entropy": charts.entropy_chart(t["deciles"]),
         "concentration": charts.concentration_chart(t["share"]),
         "similarity": charts.similarity_heatmap(t["similarity"]),
+        "groups": charts.group_contrast_chart(t["when"]),
         "estimator_bias": charts.estimator_bias_chart(t["lab"]),
         "estimator_scatter": charts.estimator_scatter_chart(t["scatter"]),
     }
@@ -364,7 +369,8 @@ def test_aggregates_are_written_with_their_schemas(which, request, tmp_path, mon
     assert len(folders) == len(TABLE_NAMES)
     for key, name in TABLE_NAMES.items():
         back = storage.read_table(paths.table_dir("synthetic", name))
-        assert len(back) == len(t[key]) and storage.read_manifest(folders[0])["seeds"]["bootstrap"] == 0
+        assert len(back) == len(t[key])
+    assert storage.read_manifest(folders[0])["seeds"]["bootstrap"] == 0
 
 
 def test_change_table_for_display_names_directions(tables):
