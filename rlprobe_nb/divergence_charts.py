@@ -361,7 +361,8 @@ def say_concentration(share: pd.DataFrame, group: str = "target",
 
 
 def say_estimators(lab: pd.DataFrame, group: str = "target", estimator: str = "k3") -> str:
-    """``estimator``'s relative bias against KL(ref‖ckpt) per temperature at the last step."""
+    """The mean of ``estimator`` against the exact KL(ref‖ckpt) per temperature at the last
+    step, with the interval of its bias."""
     rows = lab[(lab.group == group) & (lab.level == "token") & (lab.estimator == estimator)
                & (lab.target == "kl_ref_ckpt")]
     if rows.empty:
