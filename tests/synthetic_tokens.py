@@ -56,7 +56,7 @@ def synthetic_tokens(n_problems: int = 8, rollouts: int = 3, length: int = 24,
                 plan.append((group, problem, f"{problem}#{group}{r}", n,
                              [0.6, 0.8, 1.0][r % 3], bool(rng.random() < 0.7)))
     frames = []
-    problem_shift = {p: rng.normal(0, 0.8) for p in {x[1] for x in plan}}
+    problem_shift = {p: rng.normal(0, 0.8) for p in sorted({x[1] for x in plan})}
     for group, problem, rollout, n, temperature, finished in plan:
         z_ref = rng.normal(0, 2.0, size=(n, vocab)) * (1 + 0.3 * problem_shift[problem] ** 2)
         z_ref[0] = np.arange(vocab)[::-1] + problem_shift[problem]  # a prompt-only first row
