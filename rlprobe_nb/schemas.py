@@ -145,3 +145,85 @@ TABLES: dict[str, pa.Schema] = {
     "rollouts": ROLLOUTS,
     "tokens": TOKENS,
 }
+
+# --- Chapter 04, divergence: aggregates over the token tables of a suite (one row per
+# group x step x ...). estimate/low/high: the statistic and its 95% interval (paired
+# cluster bootstrap-t over problems unless the table says otherwise); problems: how many
+# problems carry weight; rows: token rows (rollouts at the sequence level) behind it.
+# Directions: kl_ref_ckpt = KL(ref‖ckpt), how surprised the checkpoint is by what the
+# reference would write; kl_ckpt_ref = KL(ckpt‖ref), how surprised the reference is by
+# what the checkpoint would write; dlogp = logp_ckpt - logp_ref of the written token.
+_INTERVAL = [("estimate", _f64), ("low", _f64), ("high", _f64)]
+_COUNTS = [("problems", _i32), ("rows", _i64)]
+
+DIVERGENCE_WHEN = pa.schema(
+    [("group", _str), ("metric", _str), ("step", _i64), ("checkpoint", _str), *_INTERVAL,
+     ("se", _f64), *_COUNTS, ("method", _str)]  # step 0 = the reference itself, exactly 0
+)
+DIVERGENCE_PER_PROBLEM = pa.schema(
+    [("group", _str), ("problem_id", _str), ("step", _i64), ("checkpoint", _str),
+     ("metric", _str), ("mean", _f64)]
+)
+DIVERGENCE_CHANGES = pa.schema(
+    [("group", _str), ("metric", _str), ("step_from", _i64), ("step_to", _i64),
+     ("checkpoint_from", _str), ("checkpoint_to", _str), ("change", _f64), ("low", _f64),
+     ("high", _f64), ("se", _f64), *_COUNTS]
+)
+DIVERGENCE_ECDF = pa.schema(
+    [("group", _str), ("step", _i64), ("checkpoint", _str), ("metric", _str),
+     ("share", _f64), ("log10_value", _f64), ("at_floor", _f64)]
+)
+DIVERGENCE_TAILS = pa.schema(
+    [("group", _str), ("metric", _str), ("statistic", _str), ("step", _i64),
+     ("checkpoint", _str), *_INTERVAL, *_COUNTS]
+)
+DIVERGENCE_POSITION = pa.schema(
+    [("group", _str), ("metric", _str), ("scheme", _str), ("bin", _str), ("bin_order", _i32),
+     ("step", _i64), ("checkpoint", _str), *_INTERVAL, ("se", _f64), *_COUNTS]
+)
+DIVERGENCE_CATEGORIES = pa.schema(
+    [("group", _str), ("statistic", _str), ("category", _str), ("step", _i64),
+     ("checkpoint", _str), *_INTERVAL, ("se", _f64), *_COUNTS]
+)
+DIVERGENCE_SIMILARITY = pa.schema(
+    [("group", _str), ("metric", _str), ("step_a", _i64), ("step_b", _i64),
+     ("checkpoint_a", _str), ("checkpoint_b", _str), ("spearman", _f64), ("low", _f64),
+     ("high", _f64), *_COUNTS]
+)
+ENTROPY_DECILES = pa.schema(
+    [("group", _str), ("metric", _str), ("entropy_decile", _i32), ("entropy_from", _f64),
+     ("entropy_to", _f64), ("step", _i64), ("checkpoint", _str), *_INTERVAL, ("se", _f64),
+     *_COUNTS]
+)
+ENTROPY_SHARE = pa.schema(
+    [("group", _str), ("metric", _str), ("top", _f64), ("step", _i64), ("checkpoint", _str),
+     *_INTERVAL, ("null_mean", _f64), ("null_low", _f64), ("null_high", _f64),
+     ("mechanical_low", _f64), ("mechanical_high", _f64), *_COUNTS]
+)
+ESTIMATOR_LAB = pa.schema(
+    [("group", _str), ("level", _str), ("estimator", _str), ("target", _str),
+     ("step", _i64), ("checkpoint", _str), ("temperature_label", _str),
+     ("mean_estimate", _f64), ("mean_exact", _f64), ("bias", _f64), ("low", _f64),
+     ("high", _f64), ("relative_bias", _f64), ("spread", _f64), ("spearman", _f64), *_COUNTS]
+)
+ESTIMATOR_REWEIGHTED = pa.schema(
+    [("group", _str), ("estimator", _str), ("step", _i64), ("checkpoint", _str),
+     ("temperature_label", _str), ("mean_exact", _f64), ("mean_raw", _f64),
+     ("reweighted_low", _f64), ("reweighted_high", _f64), ("error_mid", _f64),
+     ("error_low", _f64), ("error_high", _f64), *_COUNTS]
+)
+
+TABLES.update({
+    "divergence_when": DIVERGENCE_WHEN,
+    "divergence_per_problem": DIVERGENCE_PER_PROBLEM,
+    "divergence_changes": DIVERGENCE_CHANGES,
+    "divergence_ecdf": DIVERGENCE_ECDF,
+    "divergence_tails": DIVERGENCE_TAILS,
+    "divergence_position": DIVERGENCE_POSITION,
+    "divergence_categories": DIVERGENCE_CATEGORIES,
+    "divergence_similarity": DIVERGENCE_SIMILARITY,
+    "entropy_deciles": ENTROPY_DECILES,
+    "entropy_share": ENTROPY_SHARE,
+    "estimator_lab": ESTIMATOR_LAB,
+    "estimator_reweighted": ESTIMATOR_REWEIGHTED,
+})
