@@ -155,7 +155,7 @@ SPIKES = pa.schema(
         ("significant", _bool),
         ("statistic", _f64),  # -log of the smaller component p-value (larger = more surprising)
         ("z_divergence", _f64),  # log divergence vs its conditional null, in null scales
-        ("z_dlogp", _f64),  # dlogp vs its conditional null, signed
+        ("z_written", _f64),  # the written token's log-odds change vs its conditional null, signed
         ("p", _f64),
         ("q", _f64),
         ("n_tests", _i32),

@@ -63,16 +63,16 @@ def _detect_checkpoint(rows: pd.DataFrame, divergence: str, share: float, folds:
         divergence=statistic.divergence(contexts, divergence))
     w_frame = pd.concat([statistic.reference_covariates(written),
                          statistic.written_covariates(written)], axis=1).assign(
-        dlogp=(written.logp_ckpt.to_numpy(np.float64) - written.logp_ref.to_numpy(np.float64)),
+        logodds_change=statistic.written_logodds_change(written),
         ctx=ctx_of.loc[written.context_id.to_numpy()].to_numpy())
-    tested, z_dlogp = null_model.cross_fit(c_frame.reset_index(drop=True),
+    tested, z_written = null_model.cross_fit(c_frame.reset_index(drop=True),
                                            w_frame.reset_index(drop=True), null, folds, seed)
     tested = tested.assign(q=multiplicity.bh_qvalues(tested.p.to_numpy()),
                            divergence=c_frame.divergence.to_numpy(), n_tests=len(contexts))
     per_row = tested.iloc[w_frame.ctx.to_numpy()].reset_index(drop=True)
     out = written[[c for c in CARRIED if c in written]].reset_index(drop=True)
     out = pd.concat([out, per_row], axis=1)
-    return out.assign(z_dlogp=z_dlogp, n_rollouts=written.n_written.to_numpy(),
+    return out.assign(z_written=z_written, n_rollouts=written.n_written.to_numpy(),
                       row=written.index.to_numpy(),  # into ``tokens``, for the top-k lists
                       written_share=statistic.written_share(written, divergence),
                       sign=statistic.sign_class(written, share, divergence))

@@ -51,7 +51,7 @@ What it is not: a model of the logits. With logits at hand, a null could apply l
 changes drawn from other problems' positions to this position's reference logits and
 read the p-value from how often the null divergence reaches the observed one. Any object
 with ``fit(contexts, written) -> fitted``, where ``fitted.test(contexts, written)``
-returns per-context (statistic, p) and per-written-row z_dlogp, can replace ``SpikeNull``
+returns per-context (statistic, p) and per-written-row z_written, can replace ``SpikeNull``
 in ``cross_fit``: that is the seam for a logit-based null.
 """
 
@@ -329,26 +329,16 @@ def _matrix(frame: Columns, names: tuple[str, ...]) -> np.ndarray:
     return np.column_stack([np.asarray(frame[c], dtype=np.float64) for c in names])
 
 
-def _scaled_dlogp(written: Columns) -> np.ndarray:
-    """dlogp in units of its first-order sensitivity to logit noise (see
-    ``statistic.written_covariates``). Its null scale spans orders of magnitude (a token
-    the reference gave 1 - 1e-9 can only move by ~1e-9); dividing by the sensitivity
-    leaves the regression a scale that varies smoothly, and a location near 0 that it can
-    fit everywhere at once."""
-    return (np.asarray(written["dlogp"], dtype=np.float64)
-            * np.exp(-0.5 * np.asarray(written["log_dlogp_scale"], dtype=np.float64)))
-
-
 @dataclass(frozen=True)
 class FittedSpikeNull:
     divergence: FittedComponent
-    dlogp: FittedComponent
+    written: FittedComponent
 
     def scores(self, contexts: Columns, written: Columns):
-        """(z of the divergence per context, z of dlogp per written row)."""
+        """(z of the divergence per context, z of the log-odds change per written row)."""
         z_div = self.divergence.z(contexts["divergence"], _matrix(contexts, CONTEXT_COVARIATES))
-        z_dlogp = self.dlogp.z(_scaled_dlogp(written), _matrix(written, WRITTEN_COVARIATES))
-        return z_div, z_dlogp
+        z_written = self.written.z(written["logodds_change"], _matrix(written, WRITTEN_COVARIATES))
+        return z_div, z_written
 
 
 @dataclass(frozen=True)
@@ -357,14 +347,15 @@ class SpikeNull:
     their combination happens in ``cross_fit``, out of fold)."""
 
     divergence: ConditionalNull = field(default_factory=ConditionalNull)
-    dlogp: ConditionalNull = field(
+    written: ConditionalNull = field(
         default_factory=lambda: ConditionalNull(transform="identity", two_sided=True))
 
     def fit(self, contexts: Columns, written: Columns) -> FittedSpikeNull:
         return FittedSpikeNull(
             self.divergence.fit(np.asarray(contexts["divergence"], dtype=np.float64),
                                 _matrix(contexts, CONTEXT_COVARIATES)),
-            self.dlogp.fit(_scaled_dlogp(written), _matrix(written, WRITTEN_COVARIATES)))
+            self.written.fit(np.asarray(written["logodds_change"], dtype=np.float64),
+                             _matrix(written, WRITTEN_COVARIATES)))
 
 
 def problem_folds(problem_id: np.ndarray, folds: int = 5, seed: int = 0) -> np.ndarray:
@@ -388,8 +379,8 @@ def cross_fit(contexts: pd.DataFrame, written: pd.DataFrame, null=None, folds: i
 
     contexts: one row per distinct context: problem_id, divergence, CONTEXT_COVARIATES.
     written: one row per (context, written token): ctx (the context's position in
-    ``contexts``), dlogp, WRITTEN_COVARIATES. Returns a frame aligned with ``contexts``
-    (statistic, p, z_divergence) and z_dlogp aligned with ``written``.
+    ``contexts``), logodds_change, WRITTEN_COVARIATES. Returns a frame aligned with
+    ``contexts`` (statistic, p, z_divergence) and z_written aligned with ``written``.
 
     1. Each fold's z-scores come from location/scale models fitted on the other folds.
     2. Each fold's component p-values come from TailModels of the *other folds'*
@@ -405,29 +396,29 @@ def cross_fit(contexts: pd.DataFrame, written: pd.DataFrame, null=None, folds: i
     fold = problem_folds(contexts["problem_id"], folds, seed)
     w_fold = fold[written["ctx"]]
     n = len(fold)
-    z_div, z_dlogp = np.empty(n), np.empty(len(w_fold))
+    z_div, z_written = np.empty(n), np.empty(len(w_fold))
     two_sided = (False, True)
     for k in np.unique(fold):
         fitted = null.fit(*_subset(contexts, written, fold != k, w_fold != k))
-        z_div[fold == k], z_dlogp[w_fold == k] = fitted.scores(
+        z_div[fold == k], z_written[w_fold == k] = fitted.scores(
             *_subset(contexts, written, fold == k, w_fold == k))
-        two_sided = (fitted.divergence.two_sided, fitted.dlogp.two_sided)
+        two_sided = (fitted.divergence.two_sided, fitted.written.two_sided)
     score_div = np.abs(z_div) if two_sided[0] else z_div
-    score_dlogp = np.abs(z_dlogp) if two_sided[1] else z_dlogp
+    score_written = np.abs(z_written) if two_sided[1] else z_written
     surprise = np.empty(n)
     for k in np.unique(fold):
         p_div = TailModel.from_training(score_div[fold != k], *tail_from).sf(score_div)
-        p_dlogp = TailModel.from_training(score_dlogp[w_fold != k], *tail_from).sf(score_dlogp)
+        p_written = TailModel.from_training(score_written[w_fold != k], *tail_from).sf(score_written)
         with np.errstate(divide="ignore"):  # a p-value of 0 is an infinite surprise
             worst = np.zeros(n)
-            np.maximum.at(worst, written["ctx"], -np.log(p_dlogp))
+            np.maximum.at(worst, written["ctx"], -np.log(p_written))
             surprise[fold == k] = np.maximum(-np.log(p_div), worst)[fold == k]
     p = np.empty(n)
     for k in np.unique(fold):
         p[fold == k] = TailModel.from_training(surprise[fold != k], *tail_from).sf(
             surprise[fold == k])
     return pd.DataFrame({"statistic": surprise, "p": p, "z_divergence": z_div},
-                        index=index), z_dlogp
+                        index=index), z_written
 
 
 def _subset(contexts: Columns, written: Columns, keep: np.ndarray,

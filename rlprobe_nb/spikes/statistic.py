@@ -149,18 +149,22 @@ def reference_covariates(tokens: pd.DataFrame) -> pd.DataFrame:
     }, index=tokens.index)
 
 
-def written_covariates(tokens: pd.DataFrame) -> pd.DataFrame:
-    """The reference's view of the written token x: logp_ref, and log_dlogp_scale =
-    log((1 - q_x)^2 + sum over the other top-k tokens of q_i^2), which is the variance of
-    dlogp per unit variance when every logit is perturbed independently by a small
-    amount (to first order, dlogp = d_x - sum_i q_i d_i). A token the reference was sure
-    of can move only by a large departure; a token it hardly expected moves cheaply.
-    (1 - q_x) is formed from log q_x without cancellation."""
+def written_logodds_change(tokens: pd.DataFrame) -> np.ndarray:
+    """The change in log-odds of the written token x, logit p_ckpt(x) - logit p_ref(x).
+
+    It has the sign of dlogp but is not bounded by it: an endorsement of a token the
+    reference gave 0.4 can raise dlogp by at most 0.92 nats, its log-odds by any
+    amount. And its null scale hardly depends on q(x): to first order, under small
+    independent logit changes d, it is d_x minus the average of the other tokens' d
+    weighted by their share of the mass not on x, whose variance is between 1 and 2
+    times a logit's, where dlogp's shrinks to 0 as q(x) goes to 1. log(1 - p) is formed
+    from log p without cancellation."""
     lq = tokens.logp_ref.to_numpy(np.float64)
-    ids = np.stack(tokens.topk_ids_ref.to_numpy())
-    p = np.stack(tokens.topk_p_ref.to_numpy()).astype(np.float64)
-    others = np.where(ids == tokens.token_id.to_numpy()[:, None], 0.0, p * p).sum(1)
-    one_minus = np.exp(_log1mexp(lq))
-    return pd.DataFrame({"logp_ref": lq,
-                         "log_dlogp_scale": np.log(one_minus * one_minus + others + 1e-300)},
-                        index=tokens.index)
+    lp = tokens.logp_ckpt.to_numpy(np.float64)
+    return (lp - _log1mexp(lp)) - (lq - _log1mexp(lq))
+
+
+def written_covariates(tokens: pd.DataFrame) -> pd.DataFrame:
+    """The reference's view of the written token: logp_ref (a token the reference was
+    sure of sits in a different part of its distribution than one it hardly expected)."""
+    return pd.DataFrame({"logp_ref": tokens.logp_ref.to_numpy(np.float64)}, index=tokens.index)
