@@ -66,3 +66,16 @@ def test_bh_qvalues_match_the_step_up_rule():
         below = np.nonzero(order <= level * np.arange(1, len(p) + 1) / len(p))[0]
         k = below.max() + 1 if len(below) else 0
         assert (q <= level).sum() == k
+
+
+def test_spike_rates_per_group_count_contexts_once(five_per_problem):
+    from rlprobe_nb.spikes import spike_rates
+
+    _, table = five_per_problem
+    grouped = table.assign(group=np.where(table.problem_id < "p012", "target", "control"))
+    tests = detect(grouped)
+    rates = spike_rates(tests, by="group")
+    assert rates.contexts.sum() == table.context_id.nunique()
+    spikes = tests[tests.significant].drop_duplicates("context_id")
+    assert rates.spikes.sum() == len(spikes)
+    assert ((rates.low <= rates.rate) & (rates.rate <= rates.high)).all()

@@ -12,4 +12,4 @@ comparable tokens do, found with a calibrated test, signed, and followed across 
   simulate       synthetic tables with planted spikes (calibration and power checks)
 """
 
-from .detector import detect, summary  # noqa: F401
+from .detector import detect, spike_rates, summary  # noqa: F401

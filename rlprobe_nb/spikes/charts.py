@@ -17,6 +17,13 @@ def _sign_scale():
     return alt.Scale(domain=list(SIGN_COLOURS), range=list(SIGN_COLOURS.values()))
 
 
+def pvalues_by_label(**tests: pd.DataFrame) -> pd.DataFrame:
+    """One p-value per tested context (columns label, p) from ``detect`` outputs given as
+    label=tests (labels with spaces: pass a dict with **)."""
+    return pd.concat([t.drop_duplicates(["checkpoint", "context_id"])[["p"]].assign(label=label)
+                      for label, t in tests.items()], ignore_index=True)
+
+
 def calibration_frames(pvalues: pd.DataFrame, bins: int = 20,
                        qq_points: int = 400) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(histogram, qq) of p-values per ``label``: the density in ``bins`` equal bins

@@ -55,6 +55,8 @@ def detect(tokens: pd.DataFrame, q: float = 0.05, min_effect: float = 0.1,
 def _detect_checkpoint(rows: pd.DataFrame, divergence: str, share: float, folds: int,
                        seed: int, null) -> pd.DataFrame:
     written = _distinct_written(rows)
+    if "dlogp" not in written:  # tables written before the column existed
+        written = written.assign(dlogp=(written.logp_ckpt - written.logp_ref).astype("float32"))
     first = ~written.context_id.duplicated().to_numpy()
     contexts = written[first]
     ctx_of = pd.Series(np.arange(len(contexts)), index=contexts.context_id.to_numpy())
@@ -100,3 +102,25 @@ def summary(tests: pd.DataFrame) -> pd.DataFrame:
         out.insert(0, "step", per_ctx.groupby("checkpoint", sort=False).step.first())
         out = out.sort_values("step")
     return out
+
+
+def spike_rates(tests: pd.DataFrame, by: str = "group", seed: int = 0) -> pd.DataFrame:
+    """Per checkpoint and ``by`` (e.g. the contrast groups): the share of distinct
+    contexts that are spikes, with a 95% interval from a bootstrap over problems (the
+    contexts of one problem share a prompt and a prefix, so they are not independent).
+    A context shared by rollouts of two groups (the prompt-only first token) counts in
+    each."""
+    from ..statistics import cluster_bootstrap_ci, seed_from
+
+    per_ctx = tests.groupby(["checkpoint", by, "context_id"], sort=False).agg(
+        step=("step", "first"), problem_id=("problem_id", "first"),
+        spike=("significant", "any")).reset_index()
+    rows = []
+    for (ckpt, level), g in per_ctx.groupby(["checkpoint", by], sort=False):
+        rate, low, high = cluster_bootstrap_ci(g.spike.astype(float).to_numpy(),
+                                               g.problem_id.to_numpy(),
+                                               seed=seed_from(seed, ckpt, level))
+        rows.append({"checkpoint": ckpt, "step": g.step.iloc[0], by: level,
+                     "contexts": len(g), "problems": g.problem_id.nunique(),
+                     "spikes": int(g.spike.sum()), "rate": rate, "low": low, "high": high})
+    return pd.DataFrame(rows).sort_values(["step", by]).reset_index(drop=True)

@@ -8,7 +8,6 @@ first token to ``char_end`` of its last).
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 

@@ -275,3 +275,23 @@ def simulate_tables(ctx: Contexts, drifts, steps=None, plants: pd.DataFrame | No
     logits = checkpoint_logits(ctx, drifts, plants, seed=seed)
     return pd.concat([token_table(ctx, lg, f"step_{s}", s) for lg, s in zip(logits, steps)],
                      ignore_index=True)
+
+
+def null_like(tokens: pd.DataFrame, vocab: int = 128, max_problems: int = 400,
+              seed: int = 0) -> pd.DataFrame:
+    """A null table shaped like one checkpoint's ``tokens``: as many problems (at most
+    ``max_problems``), rollouts per problem and tokens per rollout, and a drift chosen so
+    that its median KL(ref‖ckpt) is the real one's, with nothing planted. The detector's
+    p-values on it show what calibration looks like at this size, beside the real data's."""
+    per_problem = tokens.groupby("problem_id").rollout_id.nunique()
+    lengths = tokens.groupby("rollout_id").pos.max() + 1
+    shape = dict(rollouts=max(1, int(per_problem.median())), vocab=vocab, seed=seed,
+                 length=(int(lengths.quantile(0.1)), int(lengths.quantile(0.9))))
+    probe = make_contexts(n_problems=min(len(per_problem), 20) or 2, **shape)
+    drifts = np.geomspace(0.02, 3.0, 12)
+    medians = np.array([token_table(probe, lg, "probe", 0).kl_ref_ckpt.median()
+                        for lg in checkpoint_logits(probe, drifts, seed=seed)])
+    target = max(float(tokens.kl_ref_ckpt.median()), 1e-12)
+    drift = drifts[np.argmin(np.abs(np.log(np.maximum(medians, 1e-12) / target)))]
+    ctx = make_contexts(n_problems=int(np.clip(len(per_problem), 2, max_problems)), **shape)
+    return simulate_tables(ctx, [drift], steps=[0], seed=seed).assign(checkpoint="simulated null")

@@ -17,7 +17,12 @@ mass moved only among tokens that were not written). A departure is
 - ``endorses``: written share >= ``share`` and dlogp > 0;
 - ``redistributes``: written share < ``share`` (mass moved among other tokens).
 
+The *log-odds change* of the written token (``written_logodds_change``) is the second
+quantity the detector tests: signed like dlogp, but unbounded in both directions and with
+a null scale that hardly depends on how likely the token was.
+
 ``moved_to`` reads what the checkpoint moved probability to from the two top-k lists.
+``reference_covariates`` and ``written_covariates`` are what the null conditions on.
 """
 
 from __future__ import annotations
