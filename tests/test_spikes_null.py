@@ -4,7 +4,7 @@ The null tables come from ``spikes.simulate``: real distributions over a small v
 a checkpoint equal to the reference plus Gaussian logit noise whose scale grows with the
 reference entropy, every metric computed by ``divergence.token_metrics`` in float32. That
 is a different mechanism from the detector's null (a robust regression of the log
-divergence and of dlogp on reference covariates, with an empirical bulk and an
+divergence and of the written token's log-odds change on reference covariates, with an empirical bulk and an
 exponential tail), so calibration here is a test, not a tautology.
 """
 

@@ -2,7 +2,9 @@
 comparable tokens do, found with a calibrated test, signed, and followed across steps.
 
   statistic      the tested divergence, the sign of a departure, where probability moved
-  null           the null model (robust conditional location/scale, cross-fitted by problem)
+  null           the null model: its assumptions, two components, cross-fitting by problem
+  conditional    robust conditional location and scale of one component given covariates
+  tail           a null distribution: empirical bulk, exponential tail
   multiplicity   one test per distinct context, Benjamini–Hochberg, a minimum effect
   detector       ``detect``: all of the above per checkpoint
   across_steps   series of a context over steps, onset, persistence class
