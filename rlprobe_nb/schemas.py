@@ -227,3 +227,82 @@ TABLES.update({
     "estimator_lab": ESTIMATOR_LAB,
     "estimator_reweighted": ESTIMATOR_REWEIGHTED,
 })
+
+
+# --- Chapter 05, spikes -----------------------------------------------------------------
+# One row per (checkpoint, context, written token) that is a spike at one step or more,
+# at every step: ``significant`` marks the steps where it is a spike, the other rows are
+# its series. A context shared by several rollouts is one row (n_rollouts; rollout_id and
+# pos name the first). divergence = KL(ref‖ckpt) + KL(ckpt‖ref) unless the notebook's
+# parameters chose another; p is the context's calibrated p-value, q its BH q-value
+# among the checkpoint's n_tests distinct contexts. sign: rejects / endorses /
+# redistributes (see rlprobe_nb.spikes.statistic). rank_ref / rank_ckpt are the written
+# token's rank before / after. moved_to_*: the checkpoint top-k token whose probability
+# grew most (moved_to_p_ref is null when it was outside the reference's top-k).
+SPIKES = pa.schema(
+    [
+        ("suite", _str),
+        ("checkpoint", _str),
+        ("step", _i32),
+        ("reference", _str),
+        ("group", _str),
+        ("problem_id", _str),
+        ("rollout_id", _str),
+        ("pos", _i32),
+        ("context_id", _i64),
+        ("n_rollouts", _i32),
+        ("token_id", _i32),
+        ("token", _str),
+        ("char_start", _i32),
+        ("char_end", _i32),
+        ("context", _str),  # ± 12 tokens of text, the token in [brackets]
+        ("category", _str),  # chapter 04's token category, null when not classified
+        ("first_token", _bool),
+        ("significant", _bool),
+        ("statistic", _f64),  # -log of the smaller component p-value (larger = more surprising)
+        ("z_divergence", _f64),  # log divergence vs its conditional null, in null scales
+        ("z_written", _f64),  # the written token's log-odds change vs its conditional null, signed
+        ("p", _f64),
+        ("q", _f64),
+        ("n_tests", _i32),
+        ("sign", _str),
+        ("written_share", _f32),  # share of the divergence carried by the written token
+        ("dlogp", _f32),
+        ("divergence", _f64),
+        ("kl_ref_ckpt", _f32),
+        ("kl_ckpt_ref", _f32),
+        ("rank_ref", _i32),
+        ("rank_ckpt", _i32),
+        ("logp_ref", _f32),
+        ("logp_ckpt", _f32),
+        ("entropy_ref", _f32),
+        ("moved_to_id", _i32),
+        ("moved_to_token", _str),
+        ("moved_to_p_ckpt", _f32),
+        ("moved_to_p_ref", _f32),
+        ("onset_step", _i32),  # null: not a spike at the last step
+        ("persistence", _str),  # persistent | transient | sign_flip
+        ("region_id", _str),  # f"{rollout_id}@{pos_start}-{pos_end}", null where not a spike
+    ]
+)
+
+# Adjacent spikes of one rollout at one checkpoint, merged (rlprobe_nb.spikes.regions).
+SPIKE_REGIONS = pa.schema(
+    [
+        ("checkpoint", _str),
+        ("step", _i32),
+        ("problem_id", _str),
+        ("rollout_id", _str),
+        ("region_id", _str),
+        ("pos_start", _i32),
+        ("pos_end", _i32),
+        ("char_start", _i32),
+        ("char_end", _i32),
+        ("n_spikes", _i32),
+        ("signs", _str),
+        ("max_divergence", _f64),
+        ("text", _str),
+    ]
+)
+
+TABLES.update({"spikes": SPIKES, "spike_regions": SPIKE_REGIONS})

@@ -1,0 +1,94 @@
+"""How exact the per-token table is, measured on a real model: three comparisons.
+
+1. *The metric math* against float64 math from the same hidden states (the engine's own
+   final hidden states, the LM heads applied in float64): what the engine adds.
+2. *The whole row* against a float64 forward of the same models: what the model body's
+   own float32 arithmetic adds on top (a property of running the model in float32).
+3. *Batch and chunk invariance*: the same table computed with other batch and chunk
+   sizes: a float32 matmul's result for one row depends on how many rows share the
+   call, so rows move by the body's rounding, while ranks and top-k ids hold.
+
+``measure`` returns one row per metric and comparison with the largest relative error
+(absolute below a floor, see ``FLOORS``); ``benchmarks/precision_demo.py`` prints it for
+the demo suite and the tests hold the engine to it.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from . import divergence, forcing, storage
+
+METRICS = divergence.FLOAT_METRICS + divergence.INT_METRICS
+# Values below these are compared in absolute terms: a KL of 1e-9 has no meaningful 6th
+# significant digit when its inputs are float32 (log r ~ k1 is a difference of two logits).
+FLOORS = {**{m: 0.03 for m in divergence.FLOAT_METRICS}, "k1": 0.3, "k2": 0.3, "k3": 0.3}
+KW = dict(suite="precision", topk=5, device="cpu", compile=False, progress=False)
+
+
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values(["rollout_id", "pos"]).reset_index(drop=True)
+
+
+def _errors(got: pd.DataFrame, want: dict, label: str) -> list[dict]:
+    rows = []
+    for name in METRICS:
+        w = torch.as_tensor(want[name]).double()
+        err = divergence.relative_error(torch.tensor(got[name].to_numpy()), w,
+                                        FLOORS.get(name, 1e-12))
+        rows.append({"comparison": label, "metric": name, "max_error": float(err.max())})
+    return rows
+
+
+def _f64_rows(models_: list, seqs: forcing.SequenceSet) -> list[torch.Tensor]:
+    """float64 log-probs of every response-predicting position of each model, one
+    sequence at a time, no padding."""
+    out = []
+    for model in models_:
+        m64 = copy.deepcopy(model).double().eval()
+        rows = []
+        with torch.no_grad():
+            for s in seqs.sequences:
+                logits = m64(torch.tensor([s.input_ids])).logits[0].double()
+                rows.append(torch.log_softmax(logits, -1)[s.prompt_len - 1: len(s.input_ids) - 1])
+        out.append(torch.cat(rows))
+    return out
+
+
+def measure(seqs: forcing.SequenceSet, ckpt, ref, sizes=((4096, 256), (97, 7))) -> pd.DataFrame:
+    """The three comparisons for checkpoint ``ckpt`` vs reference ``ref`` (float32 models)
+    over ``seqs``; ``sizes`` are (batch_tokens, chunk_positions) settings, the first one the
+    base of the invariance comparison."""
+    targets = torch.tensor([t for s in seqs.sequences for t in s.response_ids])
+    with tempfile.TemporaryDirectory() as tmp:
+        tables = []
+        for k, (batch, chunk) in enumerate(sizes):
+            out = forcing.run_pair(seqs, forcing.Side("ckpt", ckpt, cache_dir=Path(tmp) / f"hc{k}"),
+                                   forcing.Side("ref", ref, cache_dir=Path(tmp) / f"hr{k}"),
+                                   Path(tmp) / f"t{k}", batch_tokens=batch,
+                                   chunk_positions=chunk, **KW)
+            tables.append(_sorted(storage.read_table(out)))
+        order = {s.rollout_id: i for i, s in enumerate(seqs.sequences)}
+        base = tables[0]
+        in_seq = (base.assign(_o=base.rollout_id.map(order)).sort_values(["_o", "pos"])
+                  .drop(columns="_o").reset_index(drop=True))
+        hidden = [forcing.HiddenCache(Path(tmp) / n).rows(seqs.sequences).double()
+                  for n in ("hc0", "hr0")]
+    heads = [m.get_output_embeddings().weight.double() for m in (ckpt, ref)]
+    same_states = [torch.log_softmax(h @ w.t(), -1) for h, w in zip(hidden, heads)]
+    rows = _errors(in_seq, divergence.reference_metrics_f64(*same_states, targets), "math")
+    forward = _f64_rows([ckpt, ref], seqs)
+    rows += _errors(in_seq, divergence.reference_metrics_f64(*forward, targets), "row")
+    for (batch, chunk), other in zip(sizes[1:], tables[1:]):
+        rows += _errors(other, {m: torch.tensor(base[m].to_numpy()) for m in METRICS},
+                        f"batch {batch}, chunk {chunk}")
+        for name in ("topk_ids_ckpt", "topk_ids_ref"):
+            same = all((a == b).all() for a, b in zip(base[name], other[name]))
+            rows.append({"comparison": f"batch {batch}, chunk {chunk}", "metric": name,
+                         "max_error": 0.0 if same else 1.0})
+    return pd.DataFrame(rows)

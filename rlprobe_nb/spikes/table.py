@@ -1,0 +1,92 @@
+"""The ``spikes`` table: every (context, written token) that is a spike at one step or
+more, at every step, with its test, sign, onset, persistence, region and context text.
+
+One row per (checkpoint, context, written token). ``significant`` says whether it is a
+spike at that checkpoint; the rows where it is not are its series (what the divergence,
+dlogp and rank did before it appeared or after it went away). A context shared by
+several rollouts is one row (``n_rollouts`` counts them; ``rollout_id``/``pos`` name the
+first in rollout order).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import pandas as pd
+
+from .. import views
+from . import across_steps, regions, statistic
+
+CONTEXT_WIDTH = 12  # tokens either side in ``context``
+
+
+def spikes_table(tokens: pd.DataFrame, tests: pd.DataFrame,
+                 vocab: Mapping[int, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(spikes, regions) from the token tables and ``detector.detect``'s output.
+
+    vocab: token id -> text for the moved-to tokens (e.g. from the tokenizer); without
+    it, a moved-to token is named only when some row of ``tokens`` wrote it.
+    """
+    rows = across_steps.with_onsets(tests)
+    positions = regions.spike_positions(tokens, tests)
+    spans = regions.merge_regions(positions)
+    positions["region_id"] = regions.region_of(positions, spans)
+    rows = rows.merge(positions[["checkpoint", "rollout_id", "pos", "region_id"]],
+                      on=["checkpoint", "rollout_id", "pos"], how="left")
+    moved = statistic.moved_to(tokens.loc[rows.row.to_numpy()]).reset_index(drop=True)
+    rows = pd.concat([rows, moved], axis=1)
+    names = dict(vocab) if vocab is not None else _written_vocab(tokens)
+    rows["moved_to_token"] = rows.moved_to_id.map(names).astype(object)
+    rows["context"] = _contexts(tokens, rows)
+    if "category" not in rows:
+        rows["category"] = None
+    if not spans.empty:
+        spans["text"] = regions.region_text(tokens, spans)
+    return rows, spans
+
+
+def _written_vocab(tokens: pd.DataFrame) -> dict[int, str]:
+    return tokens.drop_duplicates("token_id").set_index("token_id").token.to_dict()
+
+
+def _contexts(tokens: pd.DataFrame, rows: pd.DataFrame) -> pd.Series:
+    """± CONTEXT_WIDTH tokens of text around each row's token (the same at every step)."""
+    where = rows[["rollout_id", "pos"]].drop_duplicates()
+    one = tokens[tokens.rollout_id.isin(where.rollout_id)].drop_duplicates(["rollout_id", "pos"])
+    text = views.with_context(one, where, CONTEXT_WIDTH)
+    lookup = pd.Series(text.to_numpy(), index=pd.MultiIndex.from_frame(where))
+    return pd.Series(lookup.reindex(pd.MultiIndex.from_frame(rows[["rollout_id", "pos"]])).to_numpy(),
+                     index=rows.index, dtype=object)
+
+
+def to_schema(rows: pd.DataFrame, schema_name: str = "spikes",
+              suite: str | None = None) -> pd.DataFrame:
+    """``rows`` with exactly the columns of ``schemas.SPIKES`` (or SPIKE_REGIONS for
+    schema_name="spike_regions"), in order; a column the rows lack is null (e.g. group
+    in a table that has no groups)."""
+    from ..schemas import TABLES
+
+    schema = TABLES[schema_name]
+    out = rows.copy()
+    if "suite" in schema.names and "suite" not in out:
+        out["suite"] = suite
+    for name in schema.names:
+        if name not in out:
+            out[name] = None
+    if "onset_step" in out:
+        out["onset_step"] = out.onset_step.astype("Int64")
+    return out[schema.names].reset_index(drop=True)
+
+
+def top_spikes(spikes: pd.DataFrame, n: int = 12, step: int | None = None) -> pd.DataFrame:
+    """The ``n`` strongest spikes at ``step`` (default: the last), first response tokens
+    left out (they depend on the prompt alone), with what each model wanted there."""
+    step = spikes.step.max() if step is None else step
+    at = spikes[(spikes.step == step) & spikes.significant]
+    if "first_token" in at:
+        at = at[~at.first_token.astype(bool)]
+    at = at.sort_values(["statistic", "divergence"], ascending=False).head(n)
+    cols = ["problem_id", "rollout_id", "pos", "sign", "context", "dlogp", "divergence",
+            "rank_ref", "rank_ckpt", "moved_to_token", "moved_to_p_ref", "moved_to_p_ckpt",
+            "onset_step", "persistence", "q"]
+    return at[[c for c in cols if c in at]].reset_index(drop=True)

@@ -1,0 +1,90 @@
+"""The spikes table end to end (schema, series, regions, context text) and the detector's
+refusals of tables it cannot test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rlprobe_nb import schemas, storage
+from rlprobe_nb.spikes import detect, regions, simulate, table
+
+
+@pytest.fixture(scope="module")
+def three_steps():
+    ctx = simulate.make_contexts(n_problems=20, rollouts=2, length=(20, 40), vocab=64, seed=81)
+    chosen = simulate.choose_plants(ctx, 0.03, kls=(3.0,), seed=81)
+    # two adjacent spikes in one rollout make a region of two tokens
+    rows = ctx.rows[(ctx.rows.problem == 3) & (ctx.rows.rollout == 0) & (ctx.rows.pos.isin([10, 11]))]
+    adjacent = pd.DataFrame({"ctx": rows.ctx.to_numpy(), "kind": "redistributes", "kl": 3.0})
+    plants = pd.concat([pd.concat([chosen, adjacent]).assign(step=s) for s in (1, 2)])
+    tokens = simulate.simulate_tables(ctx, [0.3, 0.4, 0.5], [100, 200, 300], plants, seed=81)
+    tokens["category"] = np.where(tokens.token_id % 2 == 0, "even", None)
+    tests = detect(tokens)
+    spikes, spans = table.spikes_table(tokens, tests)
+    return tokens, tests, spikes, spans
+
+
+def test_the_table_has_the_schema_and_writes(three_steps, tmp_path):
+    tokens, _, spikes, spans = three_steps
+    out = table.to_schema(spikes, suite="synthetic")
+    storage.write_table(tmp_path / "spikes", out, schemas.SPIKES, {"suite": "synthetic"})
+    back = storage.read_table(tmp_path / "spikes")
+    assert len(back) == len(out) and list(back.columns) == schemas.SPIKES.names
+    storage.to_arrow(table.to_schema(spans, "spike_regions"), schemas.SPIKE_REGIONS)
+
+
+def test_rows_are_series_of_pairs_that_spike_at_some_step(three_steps):
+    _, tests, spikes, _ = three_steps
+    ever = spikes.groupby(["context_id", "token_id"]).significant.any()
+    assert ever.all()
+    assert spikes.groupby(["context_id", "token_id"]).step.nunique().eq(3).all()
+    assert not spikes[spikes.step == 100].significant.all()  # the plants start at 200
+    assert set(spikes.persistence) <= {"persistent", "transient", "sign_flip"}
+    assert spikes.context.str.contains(r"\[", regex=True).all()
+    at_spike = spikes[spikes.significant]
+    assert at_spike.region_id.notna().all() and spikes[~spikes.significant].region_id.isna().all()
+    assert at_spike.category.isin(["even", None]).all()
+
+
+def test_adjacent_spikes_form_one_region(three_steps):
+    tokens, _, _, spans = three_steps
+    mine = spans[(spans.rollout_id == "p003#0") & (spans.pos_start <= 10) & (spans.pos_end >= 11)]
+    assert len(mine) >= 1  # at step 200 or 300 (or both)
+    span = mine.iloc[0]
+    one = tokens[(tokens.rollout_id == "p003#0")
+                 & (tokens.checkpoint == span.checkpoint)].set_index("pos")
+    assert span.char_start == one.char_start[span.pos_start]
+    assert span.char_end == one.char_end[span.pos_end]
+    assert span.text == "".join(one.token[span.pos_start:span.pos_end + 1])
+
+
+def test_merge_regions_on_hand_built_positions():
+    positions = pd.DataFrame({
+        "checkpoint": "c", "problem_id": "p", "rollout_id": ["r"] * 5 + ["s"],
+        "pos": [3, 4, 5, 9, 10, 4], "char_start": [30, 40, 50, 90, 100, 40],
+        "char_end": [40, 50, 60, 100, 110, 50], "divergence": 1.0,
+        "sign": ["rejects", "rejects", "endorses", "rejects", "rejects", "rejects"]})
+    out = regions.merge_regions(positions)
+    assert out[["rollout_id", "pos_start", "pos_end", "char_start", "char_end", "n_spikes"]
+               ].values.tolist() == [["r", 3, 5, 30, 60, 3], ["r", 9, 10, 90, 110, 2],
+                                     ["s", 4, 4, 40, 50, 1]]
+    assert out.signs.tolist() == ["endorses+rejects", "rejects", "rejects"]
+    assert regions.merge_regions(positions, max_gap=4).region_id.tolist() == ["r@3-10", "s@4-4"]
+
+
+def test_top_spikes_leave_out_the_first_token(three_steps):
+    _, _, spikes, _ = three_steps
+    top = table.top_spikes(spikes, n=50)
+    assert len(top) > 0 and (top.pos > 0).all()
+
+
+def test_detect_refuses_what_it_cannot_test(three_steps):
+    tokens, _, _, _ = three_steps
+    with pytest.raises(KeyError, match="context_id"):
+        detect(tokens.drop(columns="context_id"))
+    with pytest.raises(ValueError, match="unique"):
+        detect(pd.concat([tokens.iloc[:10], tokens.iloc[:10]]))
+    with pytest.raises(ValueError, match="two problems"):
+        detect(tokens.assign(problem_id="one"))
