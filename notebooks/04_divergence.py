@@ -43,7 +43,7 @@ from rlprobe_nb import divergence_charts as charts
 from rlprobe_nb import divergence_summary as summary
 from rlprobe_nb import entropy_concentration as entropy
 from rlprobe_nb import estimator_lab as lab
-from rlprobe_nb import params, paths, storage, suite_tables, token_categories, views
+from rlprobe_nb import params, paths, suite_keys, suite_tables, token_categories, views
 
 # %% tags=["parameters"]
 suite = None
@@ -139,7 +139,7 @@ views.show(charts.position_chart(POSITION, group), save_as=FIGURES / "04_positio
 # probability.
 
 # %%
-ROLLOUTS = storage.read_table(paths.table_dir(P.suite, "rollouts"))
+ROLLOUTS, _ = suite_keys.read_current(P, "rollouts")
 TEXTS = dict(zip(ROLLOUTS.rollout_id, ROLLOUTS.response))
 CATEGORY = token_categories.classify(TOKENS, texts=TEXTS)
 CATEGORIES = summary.category_table(TOKENS, CATEGORY, seed=seed)
@@ -225,6 +225,6 @@ written = summary.write_aggregates(P, {
     "divergence_position": POSITION, "divergence_categories": CATEGORIES,
     "divergence_similarity": SIMILARITY, "entropy_deciles": DECILES, "entropy_share": SHARE,
     "estimator_lab": LAB, "estimator_reweighted": REWEIGHTED},
-    seed=seed, extra={"token_rows": len(TOKENS),
-                      "checkpoints": sorted(TOKENS.checkpoint.unique())})
+    seed=seed, settings={"group": group},
+    extra={"token_rows": len(TOKENS), "checkpoints": sorted(TOKENS.checkpoint.unique())})
 print("\n".join(str(folder) for folder in written))

@@ -26,7 +26,7 @@
 # across the training steps.
 
 # %%
-from rlprobe_nb import params, paths, provenance, schemas, storage, suite_tables, views
+from rlprobe_nb import models, params, paths, provenance, schemas, storage, suite_tables, views
 from rlprobe_nb.spikes import across_steps, charts, detect, simulate, spike_rates, summary, table
 
 # %% tags=["parameters"]
@@ -42,6 +42,7 @@ params.check_notebook_parameters(globals().get("In", []),
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 TOKENS = TOKENS[TOKENS.reference == P.reference].reset_index(drop=True)
+VOCAB = models.vocabulary(P.reference, P)
 figures = paths.figures_dir(P.suite)
 print(f"suite {P.suite!r}: {TOKENS.checkpoint.nunique()} checkpoints vs {P.reference!r}, "
       f"{len(TOKENS)} rows; BH at q = {q}, spikes of at least {min_effect} nats ({divergence})")
@@ -112,13 +113,13 @@ summary(null_tests)
 # first took probability from the written token and later gave it (or the reverse).
 
 # %%
-spikes, spans = table.spikes_table(TOKENS, tests)
-manifest = provenance.manifest(P, extra={"q": q, "min_effect": min_effect,
-                                         "divergence": divergence, "tests": len(tests)})
-storage.write_table(paths.table_dir(P.suite, "spikes"), table.to_schema(spikes, suite=P.suite),
-                    schemas.SPIKES, manifest)
-storage.write_table(paths.table_dir(P.suite, "spike_regions"),
-                    table.to_schema(spans, "spike_regions"), schemas.SPIKE_REGIONS, manifest)
+spikes, spans = table.spikes_table(TOKENS, tests, vocab=VOCAB)
+SETTINGS = {"q": q, "min_effect": min_effect, "divergence": divergence}
+manifest = provenance.manifest(P, extra={**SETTINGS, "tests": len(tests)})
+suite_tables.write_derived(P, "spikes", table.to_schema(spikes, suite=P.suite), schemas.SPIKES,
+                           manifest, SETTINGS, "notebooks/05_spikes")
+suite_tables.write_derived(P, "spike_regions", table.to_schema(spans, "spike_regions"),
+                           schemas.SPIKE_REGIONS, manifest, SETTINGS, "notebooks/05_spikes")
 spikes.groupby(["step", "persistence"]).context_id.nunique().unstack(fill_value=0)
 
 # %% [markdown]
@@ -147,7 +148,9 @@ views.show(charts.onset_heatmap(spikes, n=40), save_as=figures / "05_onsets")
 
 # %%
 per_step = across_steps.new_persistent_per_step(spikes)
-views.show(charts.new_persistent_chart(per_step), save_as=figures / "05_new_persistent")
+accuracy = suite_tables.accuracy_table(P).rename(columns={"rate": "accuracy"})
+views.show(charts.new_persistent_chart(per_step, accuracy=accuracy),
+           save_as=figures / "05_new_persistent")
 
 # %% [markdown]
 # ## The strongest spikes in context

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from . import clustered, paths, provenance, schemas, storage
+from . import clustered, paths, provenance, schemas
 from .statistics import seed_from
 
 METRICS = ("kl_ref_ckpt", "kl_ckpt_ref", "js", "dlogp")
@@ -306,11 +306,17 @@ def _rank_correlation(x, y, codes, counts):
     return rho, max(low, -1.0), min(high, 1.0)
 
 
-def write_aggregates(P, tables: dict, seed: int, extra: dict | None = None) -> list:
+def write_aggregates(P, tables: dict, seed: int, extra: dict | None = None,
+                     settings: dict | None = None) -> list:
     """Write each aggregate (name -> DataFrame, names as in ``schemas.TABLES``) under
     data/<suite>/<name>/ with its schema and one manifest (the suite's parameters, the
-    bootstrap seed and ``extra``, e.g. what the token tables were). Returns the folders."""
+    bootstrap seed and ``extra``, e.g. what the token tables were), keyed on the token
+    tables it was computed from and ``settings``. Returns the folders."""
+    from . import suite_tables
+
     manifest = provenance.manifest(P, seeds={"bootstrap": seed, "n_boot": clustered.N_BOOT},
                                    extra=extra)
-    return [storage.write_table(paths.table_dir(P.suite, name), frame, schemas.TABLES[name],
-                                manifest) for name, frame in tables.items()]
+    for name, frame in tables.items():
+        suite_tables.write_derived(P, name, frame, schemas.TABLES[name], manifest,
+                                   {"seed": seed, **(settings or {})}, "notebooks/04_divergence")
+    return [paths.table_dir(P.suite, name) for name in tables]

@@ -30,6 +30,12 @@ STAGE_VERSIONS = {
     "rollouts": 2,
     "tokens": 2,
     "hidden": 1,
+    # chapters 04 on: tables computed from the token tables
+    "divergence_when": 1, "divergence_per_problem": 1, "divergence_changes": 1,
+    "divergence_ecdf": 1, "divergence_tails": 1, "divergence_position": 1,
+    "divergence_categories": 1, "divergence_similarity": 1, "entropy_deciles": 1,
+    "entropy_share": 1, "estimator_lab": 1, "estimator_reweighted": 1,
+    "spikes": 1, "spike_regions": 1, "branches": 1,
 }
 
 

@@ -254,6 +254,12 @@ def model_context(name: str, P: Params) -> int | None:
     return getattr(cfg, "max_position_embeddings", None)
 
 
+def vocabulary(name: str, P: Params) -> dict[int, str]:
+    """Token id -> its text (decoded alone, special tokens kept), for naming top-k ids."""
+    tok = load_tokenizer(name, P)
+    return {i: tok.decode([i], skip_special_tokens=False) for i in range(len(tok))}
+
+
 def describe(P: Params) -> pd.DataFrame:
     """One row per model of the suite: role, step and where it comes from."""
     rows = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import forcing, storage, suite_keys
+from . import forcing, keys, paths, storage, suite_keys
 from .params import Params
 
 
@@ -48,3 +48,65 @@ def read_tokens(P: Params, pairs: list[tuple[str, str]] | None = None,
         df = storage.read_table(folder, columns=columns)
         frames.append(df.assign(step=P.steps.get(ckpt, 0)))
     return pd.concat(frames, ignore_index=True)
+
+
+def accuracy_table(P: Params) -> pd.DataFrame:
+    """Accuracy per model of the suite with its 95% interval, x = RL step (the reference
+    at 0): the suite's recorded evaluation (``data/<suite>/shipped/run/accuracy.csv``,
+    greedy answers, Wilson interval) where it exists, else what notebook 01 measured for
+    the reference and the target (all answers; Wilson). Columns: model, step, rate, low,
+    high, n, source."""
+    from . import statistics
+
+    recorded = paths.shipped_dir(P.suite) / "run" / "accuracy.csv"
+    if recorded.exists():
+        acc = pd.read_csv(recorded)
+        ci = [statistics.wilson_ci(int(k), int(n))
+              for k, n in zip(acc["greedy_correct"], acc["problems"])]
+        return pd.DataFrame({
+            "model": acc["model"], "step": acc["step"].astype(int),
+            "rate": acc["greedy_correct"] / acc["problems"], "low": [c[0] for c in ci],
+            "high": [c[1] for c in ci], "n": acc["problems"],
+            "source": f"recorded evaluation ({recorded.name}, greedy, Wilson)"})
+    answers, _ = suite_keys.read_current(P, "answers")
+    table = statistics.rate_table(answers, ["model"], cluster=None)
+    steps = {P.reference: 0, **P.steps}
+    return pd.DataFrame({
+        "model": table["model"], "step": table["model"].map(steps).astype("Int64"),
+        "rate": table["rate"], "low": table["wilson_low"], "high": table["wilson_high"],
+        "n": table["n"], "source": "notebook 01 (all answers, Wilson)"})
+
+
+def token_shas(P: Params, pairs: list[tuple[str, str]] | None = None) -> dict[str, str]:
+    """The key hash of every complete token table of ``pairs`` (default: each checkpoint
+    vs the reference), each checked current: what a table computed from them depends on."""
+    pairs = pairs or [(c, P.reference) for c in P.checkpoints]
+    return {f"{c}__vs__{r}": suite_keys.tokens_current(P, c, r)
+            for c, r in pairs if storage.is_complete(forcing.pair_dir(P.suite, c, r))}
+
+
+def derived_key(P: Params, table: str, settings: dict) -> dict:
+    """The key of a table computed from the suite's token tables (chapters 04 on): the
+    token tables' own keys and the chapter's settings (its notebook parameters)."""
+    return keys.stage(table, tokens=token_shas(P), settings=settings)
+
+
+def write_derived(P: Params, table: str, frame: pd.DataFrame, schema, manifest: dict,
+                  settings: dict, producer: str) -> None:
+    storage.write_table(paths.table_dir(P.suite, table), frame, schema,
+                        {**manifest, "producer": producer}, key=derived_key(P, table, settings))
+
+
+def read_derived(P: Params, table: str) -> pd.DataFrame:
+    """A table computed from the token tables (e.g. ``spikes``), refused if the token
+    tables changed since it was computed (rerun the notebook that writes it)."""
+    folder = paths.table_dir(P.suite, table)
+    if not storage.is_complete(folder):
+        raise FileNotFoundError(f"{folder} is missing: run the notebook that writes it first")
+    man = storage.verify(folder)
+    have, now = (man.get("key") or {}).get("tokens"), token_shas(P)
+    if have != now:
+        raise storage.StaleTableError(
+            f"{folder} was computed from other token tables than the current ones "
+            f"({keys.describe_difference(have, now)}); rerun {man.get('producer', 'its notebook')}")
+    return storage.read_table(folder)
