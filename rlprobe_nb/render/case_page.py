@@ -65,8 +65,8 @@ def _step(case: Case, row) -> str:
 def facts_html(case: Case) -> str:
     """The problem, the gold answer, the reference's answer and failure type."""
     right = {True: " (right)", False: " (wrong)"}.get(None if case.ref_correct is None else bool(case.ref_correct), "")
-    rows = [("problem", f"<pre>{_e(case.problem)}</pre>"), ("gold answer", _e(case.gold)),
-            ("reference's answer", f"{_e(case.ref_answer)}{right}; failure type: {_e(case.failure_type)}"),
+    rows = [("problem", f"<pre>{_e(case.problem)}</pre>"), ("gold answer", f"<code>{_e(case.gold)}</code>"),
+            ("reference's answer", f"<code>{_e(case.ref_answer)}</code>{right}; failure type: {_e(case.failure_type)}"),
             ("rollout, token", f"{_e(case.rollout_id)}, position {_pos(case)}")]
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="rp-facts">{body}</table>'
