@@ -14,6 +14,7 @@ HTML-escaped.
 from __future__ import annotations
 
 import html
+from collections import namedtuple
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -80,11 +81,32 @@ def spike_records(spikes: pd.DataFrame | None, checkpoint: str, rollout_id: str)
             for p, *vals in zip(rows.pos, *(rows[c] for c in present.values()))}
 
 
-def _topk_lines(row, decode: Decoder, k: int | None) -> list[str]:
-    ref = list(zip(row.topk_ids_ref, row.topk_p_ref))[:k]
-    ckpt = list(zip(row.topk_ids_ckpt, row.topk_p_ckpt))[:k]
-    left = [f"{show_token(decode(i))[:18]:<18} {p:.3f}" for i, p in ref]
-    right = [f"{show_token(decode(i))[:18]:<18} {p:.3f}" for i, p in ckpt]
+class _Labels:
+    """Each token id's text as shown in a top-k column (quoted, cut and padded), made once."""
+
+    def __init__(self, decode: Decoder, width: int = 18):
+        self.decode, self.width, self.cache = decode, width, {}
+
+    def __call__(self, token_id) -> str:
+        i = int(token_id)
+        if i not in self.cache:
+            self.cache[i] = f"{show_token(self.decode(i))[:self.width]:<{self.width}}"
+        return self.cache[i]
+
+
+_TipRow = namedtuple("_TipRow", ["pos", "token_id", "logp_ref", "logp_ckpt", "rank_ref", "rank_ckpt",
+                                  "kl_ref_ckpt", "kl_ckpt_ref", "js", "entropy_ref", "entropy_ckpt",
+                                  "topk_ids_ref", "topk_p_ref", "topk_ids_ckpt", "topk_p_ckpt"])
+
+
+def _as_list(values) -> list:
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
+def _topk_lines(row, label: _Labels, k: int | None) -> list[str]:
+    cols = [_as_list(getattr(row, c))[:k] for c in ("topk_ids_ref", "topk_p_ref", "topk_ids_ckpt", "topk_p_ckpt")]
+    left = [f"{label(i)} {p:.3f}" for i, p in zip(cols[0], cols[1])]
+    right = [f"{label(i)} {p:.3f}" for i, p in zip(cols[2], cols[3])]
     n = max(len(left), len(right))
     left += [""] * (n - len(left))
     right += [""] * (n - len(right))
@@ -96,6 +118,7 @@ def _topk_lines(row, decode: Decoder, k: int | None) -> list[str]:
 def tooltip_text(row, text: str, decode: Decoder, spike: dict | None = None,
                  category: str | None = None, topk: int | None = None) -> str:
     """Everything known about one token, as aligned plain-text lines."""
+    label = decode if isinstance(decode, _Labels) else _Labels(decode)
     cat = category if category is not None else (spike or {}).get("category")
     lines = [f"{show_token(text)}  id {int(row.token_id)}  pos {int(row.pos)}"
              + (f"  category {cat}" if cat is not None else ""),
@@ -115,7 +138,7 @@ def tooltip_text(row, text: str, decode: Decoder, spike: dict | None = None,
         lines.append("  ·  ".join(parts))
     else:
         lines.append("not a spike")
-    return "\n".join(lines + _topk_lines(row, decode, topk))
+    return "\n".join(lines + _topk_lines(row, label, topk))
 
 
 @dataclass
@@ -147,11 +170,14 @@ def prepare(rows: pd.DataFrame, decode: Decoder, response: str | None = None,
     has_cat = "category" in rows.columns
     cats = rows.category.tolist() if has_cat else [None] * len(rows)
     opening, rest, spike_q, category = [], [], [], []
-    for row, text, cat in zip(rows.itertuples(index=False), texts, cats):
+    label = _Labels(decode)
+    # Python scalars, not numpy's or Arrow's: formatting 4,000 tooltips is the hot path.
+    records = map(_TipRow._make, zip(*(rows[c].tolist() for c in _TipRow._fields)))
+    for row, text, cat in zip(records, texts, cats):
         spike = spikes.get(int(row.pos))
         cat = cat if has_cat else (spike or {}).get("category")
         marker = " rp-empty" if text == "" else (" rp-nl" if "\n" in text else "")
-        tip = tooltip_text(row, text, decode, spike, cat, topk)
+        tip = tooltip_text(row, text, label, spike, cat, topk)
         opening.append(f'<span class="rp-tok{marker}')
         rest.append(f' data-pos="{int(row.pos)}" data-tip="{html.escape(tip, quote=True)}">'
                     f"{html.escape(text, quote=False)}</span>")
