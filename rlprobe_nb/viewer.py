@@ -254,15 +254,39 @@ class Viewer:
         return f"<div><b>token {pos}: <code>{text}</code></b><div style='display:flex;gap:16px'>{chart}{table}</div></div>"
 
     # -- display -------------------------------------------------------------------------
-    def static_html(self) -> str:
-        """What a page without a kernel shows: the current rollout, coloured, with tooltips."""
+    def static_html(self, checkpoints: list[str] | None = None) -> str:
+        """What a page without a kernel shows: the current rollout coloured at the current
+        step (or at the two ``checkpoints``, one above the other), tooltips included."""
         head = html.escape(f"rollout {self.rollout.value} (problem {self.problem.value})")
-        return f"<div><div style='font:13px sans-serif'>{head}</div>{self.render_html()}</div>"
+        if checkpoints is None:
+            return f"<div><div style='font:13px sans-serif'>{head}</div>{self.render_html()}</div>"
+        mode, a, b = self.mode.value, self.compare_a.value, self.compare_b.value
+        try:
+            with self._hold():  # borrow the compare view, then put the controls back
+                self.mode.value, self.compare_a.value, self.compare_b.value = "compare", *checkpoints
+                body = self.render_html()
+        finally:
+            with self._hold():
+                self.mode.value, self.compare_a.value, self.compare_b.value = mode, a, b
+        return f"<div><div style='font:13px sans-serif'>{head}</div>{body}</div>"
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = self.widget._repr_mimebundle_(**kwargs)
         bundle["text/html"] = self.static_html()
         return bundle
+
+
+def default_rollout(tokens: pd.DataFrame, spikes: pd.DataFrame | None = None) -> str:
+    """The rollout to open on: the most spikes at the final checkpoint (ties: the larger
+    |Δlogp| there), or without spikes the one with the largest |Δlogp| at the final checkpoint."""
+    final = tokens.groupby("checkpoint")["step"].first().idxmax()
+    rows = tokens[tokens.checkpoint == final]
+    strongest = pd.Series(np.abs(metric_values(rows, "dlogp")), index=rows.index).groupby(rows.rollout_id).max()
+    score = pd.DataFrame({"strongest": strongest, "spikes": 0})
+    if spikes is not None and len(spikes):
+        counts = spikes[spikes.checkpoint == final].groupby("rollout_id").size()
+        score["spikes"] = counts.reindex(score.index).fillna(0)
+    return str(score.sort_values(["spikes", "strongest"], ascending=False).index[0])
 
 
 def open_viewer(tokens: pd.DataFrame, spikes: pd.DataFrame | None = None,

@@ -210,3 +210,42 @@ def test_page_is_self_contained(built):
     assert "<script" not in page.lower()
     assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", page), "nothing is fetched"
     assert "@import" not in page and "url(" not in page
+
+
+def run_draft_notebook(name: str, tmp_path, monkeypatch) -> dict:
+    """Execute a notebook's code cells against a synthetic suite shaped like the demo suite.
+
+    The loaders the notebook calls are replaced: the per-token tables (`suite_tables`, not
+    written yet), the spikes/problems/rollouts/answers tables and the tokenizer; parameters
+    are the demo suite's own, results go to a temporary folder."""
+    import sys
+    import types
+
+    import jupytext
+
+    import rlprobe_nb
+    from rlprobe_nb import models, params, paths, storage
+
+    P = params.load(None)
+    data = synthetic.synthetic_suite(n_problems=3, rollouts_per_problem=2, n_tokens=40, seed=2,
+                                     steps=dict(P.steps), suite=P.suite)
+    stub = types.ModuleType("rlprobe_nb.suite_tables")
+    stub.read_tokens = lambda P, pairs=None: data["tokens"]
+    monkeypatch.setitem(sys.modules, "rlprobe_nb.suite_tables", stub)
+    monkeypatch.setattr(rlprobe_nb, "suite_tables", stub, raising=False)
+    monkeypatch.setattr(storage, "read_table", lambda folder, *a, **k: data[paths.Path(folder).name])
+    tokenizer = types.SimpleNamespace(decode=lambda ids: "".join(synthetic.decode(i) for i in ids))
+    monkeypatch.setattr(models, "load_tokenizer", lambda name, P: tokenizer)
+    monkeypatch.setenv("RLPROBE_OUT", str(tmp_path))
+    namespace = {"In": []}
+    for cell in jupytext.read(paths.notebooks_dir() / f"{name}.py").cells:
+        if cell.cell_type == "code":
+            exec(compile(cell.source, f"{name}.py", "exec"), namespace)
+    return namespace
+
+
+def test_draft_notebook_06_on_synthetic_tables(tmp_path, monkeypatch):
+    ns = run_draft_notebook("06_case_studies", tmp_path, monkeypatch)
+    assert len(ns["cases"]) == len(ns["choices"]) >= 4
+    page = (tmp_path / "figures" / ns["P"].suite / "case_studies.html").read_text(encoding="utf-8")
+    assert page.count('class="rp-case"') == len(ns["cases"]) and "<script" not in page

@@ -138,3 +138,13 @@ def test_static_fallback_for_pages_without_a_kernel(app):
     bundle = app._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/html"].count('class="rp-tok') == 40 and "<script" not in bundle["text/html"]
+
+
+def test_draft_notebook_07_on_synthetic_tables(tmp_path, monkeypatch):
+    from test_case_studies import run_draft_notebook
+
+    ns = run_draft_notebook("07_viewer", tmp_path, monkeypatch)
+    app = ns["app"]
+    assert app.rollout.value == V.default_rollout(ns["tokens"], ns["SPIKES"]) == ns["start"]
+    static = app.static_html([ns["P"].checkpoints[0], ns["P"].checkpoints[-1]])
+    assert static.count('class="rp-resp"') == 2 and app.mode.value == "step", "controls put back"

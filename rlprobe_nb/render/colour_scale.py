@@ -5,7 +5,8 @@ or steps cannot be compared by eye. So the scale is computed once from the whole
 per-token table (a high quantile of |value|: a handful of extreme tokens must not wash
 out the rest) and then handed to every render; values beyond it are clipped to the end
 colour and the legend says so. A scale fitted to one rollout is available as an option
-for looking inside a quiet response, and is labelled as such.
+for looking inside a quiet response, and is labelled as such; a page that sees a single
+table (one checkpoint) uses the fixed book-wide scale ``FIXED`` instead.
 
 Signed metrics use a diverging palette centred on 0 (ColorBrewer RdBu: red negative,
 blue positive); non-negative ones a sequential palette from white (ColorBrewer Purples).
@@ -132,6 +133,17 @@ class ColourScale:
             f'<div style="color:#555">{html.escape(self.describe())}</div></div>')
 
 
+# A scale needing no table: full colour at these values on every page of every suite
+# (|Δlogp| = 2 nats is a factor e^2 ~ 7 in probability). For a page that sees one table.
+FIXED = {"dlogp": 2.0, "kl_ref_ckpt": 1.0, "kl_ckpt_ref": 1.0, "js": 0.35, "dentropy": 1.0}
+
+
+def fixed_scale(metric_name: str = "dlogp", transform: str = "linear") -> ColourScale:
+    """The book-wide constant scale for ``metric_name`` (``FIXED``)."""
+    return ColourScale(metric_name, FIXED[metric_name], transform=transform,
+                       source="A fixed scale, the same on every page of the book.")
+
+
 def fit_scale(values, metric_name: str, quantile: float = 0.99, transform: str = "linear",
               source: str | None = None) -> ColourScale:
     """A scale whose end is the ``quantile`` of |values| (NaNs ignored)."""
@@ -150,9 +162,9 @@ def shared_scale(tokens: pd.DataFrame, metric_name: str = "dlogp", quantile: flo
     """The suite-wide scale: fitted once on every row of ``tokens`` (all checkpoints, all
     rollouts) except first-token rows, which repeat across a problem's rollouts."""
     rows = tokens[~tokens["first_token"]] if "first_token" in tokens.columns else tokens
-    suite = ", ".join(sorted(map(str, rows["suite"].unique()))) if "suite" in rows.columns else ""
     values = metric_values(rows, metric_name)
     n = np.isfinite(values).sum()
-    source = (f"Shared by every checkpoint and rollout: the {quantile:g} quantile of "
-              f"|{metric(metric_name).short}| over {n:,} tokens" + (f" of suite {suite}." if suite else "."))
+    source = (f"Shared by every checkpoint and rollout here: the {quantile:g} quantile of "
+              f"|{metric(metric_name).short}| over {n:,} tokens of {rows.rollout_id.nunique():,} rollouts "
+              f"at {rows.checkpoint.nunique()} checkpoint(s).")
     return fit_scale(values, metric_name, quantile, transform, source)
