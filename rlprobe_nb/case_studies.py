@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .render.metrics import metric_values
+from .render.spike_marks import ever_spiked, significant
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,10 @@ def _in_group(df: pd.DataFrame, group: str | None) -> pd.DataFrame:
 
 
 def _spike_candidates(spikes: pd.DataFrame, final: str, rule: CaseRule) -> pd.DataFrame:
-    sp = _in_group(spikes[spikes.checkpoint == final], rule.group)
+    sp = significant(spikes)
+    sp = _in_group(sp[sp.checkpoint == final], rule.group)
+    if "first_token" in sp.columns:  # a first token's prediction depends on the prompt alone
+        sp = sp[~sp.first_token.astype(bool)]
     if rule.persistence is not None and "persistence" in sp.columns:
         sp = sp[sp.persistence == rule.persistence]
     sp = sp.assign(strength=sp[rule.strength].abs())
@@ -99,8 +103,7 @@ def _untaken(df: pd.DataFrame, chosen: list[dict]) -> pd.DataFrame:
 
 def _quiet_positions(tokens: pd.DataFrame, spikes: pd.DataFrame, final: str, group) -> pd.DataFrame:
     rows = _in_group(tokens[tokens.checkpoint == final], group)
-    ever = set(zip(spikes.rollout_id, spikes.pos.astype(int)))
-    keep = np.array([(r, int(p)) not in ever for r, p in zip(rows.rollout_id, rows.pos)], dtype=bool)
+    keep = ~ever_spiked(spikes, rows).to_numpy(bool)
     for flag in ("first_token", "is_eos"):
         if flag in rows.columns:
             keep &= ~rows[flag].to_numpy(bool)
@@ -149,6 +152,14 @@ def select_cases(tokens: pd.DataFrame, spikes: pd.DataFrame, rule: CaseRule = Ca
     return pd.DataFrame(chosen, columns=["case", "kind", "reason", "rollout_id", "problem_id", "pos", "matched_to"])
 
 
+def _same_test(spikes: pd.DataFrame, row) -> pd.Series:
+    """The spikes table's rows for the same test as token ``row`` (same context and token,
+    or same rollout and position when the tables carry no context ids)."""
+    if "context_id" in spikes.columns and "context_id" in row.index:
+        return (spikes.context_id == row.context_id) & (spikes.token_id == row.token_id)
+    return (spikes.rollout_id == row.rollout_id) & (spikes.pos == row.pos)
+
+
 def answers_summary(answers: pd.DataFrame | None, problem_id: str, order: list[str]) -> pd.DataFrame:
     """Per model, its own answers to one problem: samples, how many right, the answers
     given with their counts (most frequent first). Models in ``order`` first."""
@@ -193,7 +204,7 @@ def build_cases(choices: pd.DataFrame, tokens: pd.DataFrame, spikes: pd.DataFram
         near = rows[(rows.pos >= c.pos - window) & (rows.pos <= c.pos + window)]
         case.window = near.sort_values(["step", "pos"])
         case.at_pos = rows[rows.pos == c.pos].sort_values("step")
-        mine = spikes[(spikes.rollout_id == c.rollout_id) & (spikes.pos == c.pos)].drop(columns="step", errors="ignore")
+        mine = spikes[_same_test(spikes, case.at_pos.iloc[0])].drop(columns="step", errors="ignore")
         case.spike_steps = mine.merge(case.at_pos[["checkpoint", "step"]], on="checkpoint").sort_values("step")
         cases.append(case)
     return cases

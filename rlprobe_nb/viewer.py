@@ -28,8 +28,8 @@ import pandas as pd
 from .render.charts import series_chart, svg
 from .render.colour_scale import ColourScale, fit_scale, shared_scale
 from .render.metrics import DEFAULT_METRIC, METRICS, metric_values
-from .render.tokens_html import (STYLE, Decoder, TokenPieces, make_decoder, paint, prepare, show_token,
-                                 spike_records)
+from .render.spike_marks import spike_records
+from .render.tokens_html import STYLE, Decoder, TokenPieces, make_decoder, paint, prepare, show_token
 
 ALL = "(all)"
 Q_CHOICES = [0.001, 0.01, 0.05, 0.1]
@@ -159,8 +159,9 @@ class Viewer:
     def pieces(self, checkpoint: str, rollout_id: str) -> TokenPieces:
         key = (checkpoint, rollout_id)
         if key not in self._pieces:
-            self._pieces[key] = prepare(self.rows(*key), self.decode, self.responses.get(rollout_id),
-                                        spike_records(self.spikes, checkpoint, rollout_id))
+            rows = self.rows(*key)
+            self._pieces[key] = prepare(rows, self.decode, self.responses.get(rollout_id),
+                                        spike_records(self.spikes, checkpoint, rows))
         return self._pieces[key]
 
     def scale(self) -> ColourScale:

@@ -53,7 +53,8 @@ def test_each_item_of_the_rule_picks_what_it_says(suite):
     tokens, spikes = suite["tokens"], suite["spikes"]
     rule = cs.CaseRule(n_categories=3, seed=3)
     got = cs.select_cases(tokens, spikes, rule)
-    pool = spikes[(spikes.checkpoint == FINAL) & (spikes.group == "target") & (spikes.persistence == "persistent")]
+    pool = spikes[(spikes.checkpoint == FINAL) & (spikes.group == "target") & (spikes.persistence == "persistent")
+                  & spikes.significant]
     by_cat = pool.groupby("category").size()
     top_cats = sorted(by_cat.index, key=lambda c: (-by_cat[c], c))[:3]
     for row, cat in zip(got.itertuples(), top_cats):

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from rlprobe_nb.render import colour_scale as cs
-from rlprobe_nb.render import synthetic, tokens_html
+from rlprobe_nb.render import spike_marks, synthetic, tokens_html
 from rlprobe_nb.render.metrics import METRICS, metric_values
 
 
@@ -168,14 +168,14 @@ def test_tooltips_carry_the_tables_numbers_and_both_topk(suite):
 def test_spikes_outlined_with_class_q_and_onset(suite):
     rows, response = one(suite)
     spikes = suite["spikes"]
-    mine = spikes[(spikes.checkpoint == "rlvr_step_1200") & (spikes.rollout_id == "synthetic/0#0")]
+    mine = spikes[(spikes.checkpoint == "rlvr_step_1200") & (spikes.rollout_id == "synthetic/0#0") & spikes.significant]
     assert len(mine) >= 1
     p = parse(tokens_html.response_html(rows, cs.ColourScale("dlogp", 1.0), synthetic.decode, response, spikes))
     outlined = {int(s["data-pos"]) for s in p.spans if "rp-spike" in s["class"]}
     assert outlined == set(mine.pos)
     for sp in mine.itertuples():
         tip = next(s["data-tip"] for s in p.spans if int(s["data-pos"]) == sp.pos)
-        assert f"spike {sp.sign_class}" in tip and f"q {sp.q:.3g}" in tip and f"onset step {sp.onset_step}" in tip
+        assert f"spike {sp.sign}" in tip and f"q {sp.q:.3g}" in tip and f"onset step {sp.onset_step}" in tip
         assert f"category {sp.category}" in tip
     strict = parse(tokens_html.response_html(rows, cs.ColourScale("dlogp", 1.0), synthetic.decode, response, spikes,
                                              q_threshold=float(mine.q.min())))
@@ -210,3 +210,21 @@ def test_html_escape_of_tooltip_survives_round_trip(suite):
     fragment = tokens_html.response_html(rows, cs.ColourScale("dlogp", 1.0), synthetic.decode, response)
     raw_tip = re.search(r'data-tip="([^"]*)"', fragment).group(1)
     assert "\n" in html.unescape(raw_tip) and "<" not in raw_tip
+
+
+def test_spikes_found_by_context_whatever_rollout_names_them(suite):
+    """A context shared by several rollouts is one row of the spikes table naming the first;
+    every rollout with that context and written token shows it. Without context ids the
+    rollout and position decide. Rows not significant at a step are not spikes there."""
+    rows, _ = one(suite)
+    sp = suite["spikes"]
+    ours = sp[(sp.rollout_id == "synthetic/0#0") & (sp.checkpoint == "rlvr_step_1200")]
+    renamed = ours.assign(rollout_id="synthetic/other#9", pos=999)
+    found = spike_marks.spike_records(renamed, "rlvr_step_1200", rows)
+    assert set(found) == set(ours[ours.significant].pos)
+    assert spike_marks.spike_records(renamed.drop(columns="context_id"), "rlvr_step_1200", rows) == {}
+    plain = spike_marks.spike_records(ours.drop(columns="context_id"), "rlvr_step_1200", rows)
+    assert set(plain) == set(ours[ours.significant].pos)
+    assert {r["sign"] for r in plain.values()} <= {"rejects", "endorses"}
+    old_style = ours.rename(columns={"sign": "sign_class"}).drop(columns="significant")
+    assert set(spike_marks.spike_records(old_style, "rlvr_step_1200", rows)) == set(ours.pos)

@@ -104,7 +104,7 @@ def test_selecting_a_token_shows_its_series_and_topk_over_steps(app, suite):
 def test_next_spike_and_the_q_and_category_filters(app, suite):
     rid = app.rollout.value
     sp = suite["spikes"]
-    mine = sp[(sp.checkpoint == "rlvr_step_1200") & (sp.rollout_id == rid)].sort_values("pos")
+    mine = sp[(sp.checkpoint == "rlvr_step_1200") & (sp.rollout_id == rid) & sp.significant].sort_values("pos")
     visited = [app.jump_to_next_spike() for _ in range(len(mine) + 1)]
     assert visited == [*mine.pos, mine.pos.iloc[0]], "in order, wrapping around"
     outlined = {int(s["data-pos"]) for s in spans(app.html.value) if "rp-spike" in s["class"]}

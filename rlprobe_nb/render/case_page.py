@@ -22,7 +22,8 @@ import pandas as pd
 from .charts import kl_trace_chart, svg
 from .colour_scale import ColourScale
 from .metrics import metric_values
-from .tokens_html import STYLE, Decoder, make_decoder, paint, prepare, show_token, spike_records
+from .spike_marks import field, spike_records
+from .tokens_html import STYLE, Decoder, make_decoder, paint, prepare, show_token
 
 if TYPE_CHECKING:
     from ..case_studies import Case
@@ -88,8 +89,13 @@ def answers_html(case: Case) -> str:
 
 
 def _spike_at(case: Case, checkpoint: str) -> dict | None:
+    """The case's row of the spikes table at this step (a spike there or not), if any."""
     rows = case.spike_steps[case.spike_steps.checkpoint == checkpoint] if len(case.spike_steps) else case.spike_steps
     return None if rows.empty else rows.iloc[0].to_dict()
+
+
+def _is_spike(spike: dict | None) -> bool:
+    return spike is not None and bool(spike.get("significant", True))
 
 
 def caption_html(case: Case, decode: Decoder) -> str:
@@ -112,15 +118,15 @@ def caption_html(case: Case, decode: Decoder) -> str:
     if case.kind == "control":
         verdict = (f"A quiet control: never a spike at any step, chosen because its reference entropy is close "
                    f"to that of case {case.matched_to}.")
-    elif spike is None:
+    elif not _is_spike(spike):
         verdict = "Not a spike at the final checkpoint."
     else:
         sp = dict(table="spikes", checkpoint=case.checkpoint, rollout_id=case.rollout_id, pos=case.pos)
-        verdict = (f"The detector flags it as a spike of class “{_e(spike.get('sign_class'))}”, category "
-                   f"“{_e(spike.get('category'))}” (q = {num(spike['q'], '.3g', **sp, col='q')})")
-        if spike.get("onset_step") is not None and not pd.isna(spike.get("onset_step")):
+        verdict = (f"The detector flags it as a spike that {_e(field(spike, 'sign'))} the written token, "
+                   f"category “{_e(field(spike, 'category'))}” (q = {num(spike['q'], '.3g', **sp, col='q')})")
+        if field(spike, "onset") is not None:
             verdict += (f", first significant at step {num(int(spike['onset_step']), 'd', **sp, col='onset_step')}"
-                        f" and {_e(spike.get('persistence'))} from there on")
+                        f" and {_e(field(spike, 'persistence'))} from there on")
         verdict += "."
     return f'<p class="rp-caption">{where}{wants}{verdict}</p>'
 
@@ -137,7 +143,7 @@ def _text(case: Case, row) -> str:
 def _coloured(rows: pd.DataFrame, case: Case, scale: ColourScale, decode: Decoder, spikes, checkpoint,
               flex: bool = False) -> str:
     """The rows' tokens coloured, in a box that names its checkpoint and rollout."""
-    pieces = prepare(rows, decode, case.response, spike_records(spikes, checkpoint, case.rollout_id))
+    pieces = prepare(rows, decode, case.response, spike_records(spikes, checkpoint, rows))
     body = paint(pieces, metric_values(rows.sort_values("pos"), scale.metric), scale, selected=case.pos)
     style = ' style="flex:1"' if flex else ""
     return (f'<div class="rp-resp" data-checkpoint="{_e(checkpoint)}" data-rollout="{_e(case.rollout_id)}"'
@@ -163,8 +169,8 @@ def topk_html(case: Case, decode: Decoder, k: int = 5) -> str:
     for row in case.at_pos.itertuples(index=False):
         spike = _spike_at(case, row.checkpoint)
         sp = dict(table="spikes", checkpoint=row.checkpoint, rollout_id=case.rollout_id, pos=case.pos)
-        flag = ("—" if spike is None else
-                f"{_e(spike.get('sign_class'))}, q {num(spike['q'], '.3g', **sp, col='q')}")
+        flag = "—" if spike is None else f"q {num(spike['q'], '.3g', **sp, col='q')}"
+        flag = f"{_e(field(spike, 'sign'))}, {flag}" if _is_spike(spike) else f"not significant ({flag})" if spike else flag
         out.append(f"<tr><td>{_step(case, row)}</td><td>{_tok(case, row, 'dlogp', '+.3f')}</td>"
                    f"<td>{_tok(case, row, 'rank_ckpt', 'd')}</td><td>{flag}</td>"
                    f"<td>{cell(row, 'topk_ids_ref', 'topk_p_ref')}</td><td>{cell(row, 'topk_ids_ckpt', 'topk_p_ckpt')}</td></tr>")

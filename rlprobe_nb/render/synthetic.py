@@ -6,10 +6,14 @@ non-ASCII), each position has reference logits; a checkpoint at step s adds a dr
 grows with s and, at a few planted positions, a large change to the written token's logit
 from its onset step on (negative: a rejection, positive: an endorsement). Every metric is
 computed exactly in float64 from those logits and stored as float32, as the real table is.
-A matching spikes table marks the planted positions with the columns the renderer reads.
+A matching spikes table has, for each planted position, a row at every step (``significant``
+from its onset on), keyed like chapter 05's by checkpoint, rollout and position and by
+``context_id`` (a hash of the problem and the tokens before, also a column of ``tokens``).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import pandas as pd
@@ -56,88 +60,102 @@ def _metrics(lq: np.ndarray, lp: np.ndarray, written: np.ndarray, topk: int) -> 
     }
 
 
+def _token_frame(keys: dict, lq: np.ndarray, lp: np.ndarray, written: np.ndarray, texts: list[str],
+                 topk: int) -> pd.DataFrame:
+    """One (checkpoint, rollout)'s rows with the per-token table's columns and dtypes."""
+    n = len(written)
+    cols = _metrics(lq, lp, written, topk)
+    lengths = np.array([len(t) for t in texts])
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    f32 = {k: np.asarray(v, np.float32) for k, v in cols.items() if k.startswith(("logp", "entropy", "kl", "js"))}
+    logr = f32["logp_ckpt"].astype(np.float64) - f32["logp_ref"]
+    return pd.DataFrame({
+        **keys, "pos": np.arange(n, dtype=np.int32), "token_id": written.astype(np.int32), "token": texts,
+        "char_start": starts.astype(np.int32), "char_end": (starts + lengths).astype(np.int32), **f32,
+        "rank_ckpt": cols["rank_ckpt"].astype(np.int32), "rank_ref": cols["rank_ref"].astype(np.int32),
+        **{k: [a.astype(np.int32) for a in cols[k]] for k in ("topk_ids_ckpt", "topk_ids_ref")},
+        **{k: [a.astype(np.float32) for a in cols[k]] for k in ("topk_p_ckpt", "topk_p_ref")},
+        "k1": (-logr).astype(np.float32), "k2": (logr ** 2 / 2).astype(np.float32),
+        "k3": (np.expm1(logr) - logr).astype(np.float32), "temperature": np.float32(0.7),
+        "first_token": np.arange(n) == 0, "is_eos": written == EOS,
+        "dlogp": f32["logp_ckpt"] - f32["logp_ref"],
+    })
+
+
+def _rollout(rng, keys: dict, n_tokens: int, steps: dict[str, int], n_spikes: int, topk: int):
+    """One reference rollout forced through every checkpoint: (token frames, spike rows, text)."""
+    ckpts = sorted(steps, key=steps.get)
+    V = len(VOCAB)
+    lq_logits = rng.normal(0, 2.0, (n_tokens, V))
+    lq = _log_softmax(lq_logits)
+    written = np.array([rng.choice(V, p=np.exp(row)) for row in lq])
+    written[written == EOS] = 1
+    written[-1] = EOS
+    texts = ["" if w == EOS else VOCAB[w] for w in written]
+    planted = rng.choice(np.arange(1, n_tokens - 1), n_spikes, replace=False)
+    signs = rng.choice([-1.0, 1.0], n_spikes)
+    onsets = rng.choice(len(ckpts), n_spikes)
+    drift = rng.normal(0, 1.0, (n_tokens, V))
+    context = [_context_id(keys["problem_id"], written[:pos]) for pos in range(n_tokens)]
+    frames, spikes = [], []
+    for ci, ck in enumerate(ckpts):
+        shift = drift * 0.15 * steps[ck] / max(steps.values())
+        for pos, sign, onset in zip(planted, signs, onsets):
+            shift[pos, written[pos]] += sign * 4.0 if ci >= onset else 0.0
+        frame = _token_frame({**keys, "checkpoint": ck, "step": steps[ck]}, lq, _log_softmax(lq_logits + shift),
+                             written, texts, topk).assign(context_id=np.array(context, dtype=np.int64))
+        frames.append(frame)
+        for j, (pos, sign, onset) in enumerate(zip(planted, signs, onsets)):
+            row = frame.iloc[pos]
+            spikes.append({  # every step of a context that is a spike at one step or more
+                **{k: keys[k] for k in ("suite", "reference", "group", "problem_id", "rollout_id")},
+                "checkpoint": ck, "step": steps[ck], "pos": int(pos), "context_id": context[pos],
+                "token_id": int(written[pos]), "token": texts[pos], "category": _category(texts[pos]),
+                "first_token": False, "significant": ci >= onset, "statistic": float(row.kl_ref_ckpt),
+                "p": 1e-4 * (j + 1) if ci >= onset else 0.2, "q": 1e-3 * (j + 1) * (ci + 1) if ci >= onset else 0.5,
+                "sign": "rejects" if sign < 0 else "endorses", "dlogp": float(row.dlogp),
+                "kl_ref_ckpt": float(row.kl_ref_ckpt), "kl_ckpt_ref": float(row.kl_ckpt_ref),
+                "onset_step": steps[ckpts[onset]], "persistence": "persistent",
+                "region_id": f"{keys['rollout_id']}@{pos}-{pos}" if ci >= onset else None})
+    return frames, spikes, "".join(texts)
+
+
+def _context_id(problem_id: str, before: np.ndarray) -> int:
+    """A stable 63-bit id of the predictive context: the problem (its prompt) and the tokens before."""
+    blob = problem_id.encode() + b"|" + np.asarray(before, dtype=np.int32).tobytes()
+    return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") >> 1
+
+
 def synthetic_suite(n_problems: int = 3, rollouts_per_problem: int = 2, n_tokens: int = 60,
                     steps: dict[str, int] | None = None, spikes_per_rollout: int = 2,
                     seed: int = 0, topk: int = 5, suite: str = "synthetic") -> dict[str, pd.DataFrame]:
-    """Tables ``tokens`` (with ``step``), ``spikes``, ``rollouts``, ``problems``, ``answers``."""
+    """Tables ``tokens`` (with ``step``), ``spikes``, ``rollouts``, ``problems``, ``answers``.
+    Even rollouts are group "target" (the reference wrong), odd ones "ref_right"."""
     rng = np.random.default_rng(seed)
     steps = steps or {"rlvr_step_100": 100, "rlvr_step_400": 400, "rlvr_step_1200": 1200}
-    ckpts = sorted(steps, key=steps.get)
-    V = len(VOCAB)
-    token_rows, spike_rows, rollout_rows, problem_rows, answer_rows = [], [], [], [], []
+    frames, spikes, rollouts, problems, answers = [], [], [], [], []
     for pi in range(n_problems):
         pid = f"synthetic/{pi}"
-        problem_rows.append({"problem_id": pid, "problem": f"What is {pi + 5} + 7? <Show> & box it.",
-                             "answer": str(pi + 12)})
-        for model in ["dpo", *ckpts]:
+        problems.append({"problem_id": pid, "problem": f"What is {pi + 5} + 7? <Show> & box it.",
+                         "answer": str(pi + 12)})
+        for model in ["dpo", *sorted(steps, key=steps.get)]:
             for s in range(3):
-                good = rng.random() < (0.2 if model == "dpo" else 0.3 + steps.get(model, 0) / 2000)
-                answer_rows.append({"model": model, "problem_id": pid, "sample": s,
-                                    "extracted": str(pi + 12 if good else pi + 11 + s), "correct": bool(good)})
+                good = rng.random() < (0.2 if model == "dpo" else 0.3 + steps[model] / 2000)
+                answers.append({"model": model, "problem_id": pid, "sample": s,
+                                "extracted": str(pi + 12 if good else pi + 11 + s), "correct": bool(good)})
         for r in range(rollouts_per_problem):
-            rid = f"{pid}#{r}"
             group = "target" if r % 2 == 0 else "ref_right"
-            lq_logits = rng.normal(0, 2.0, (n_tokens, V))
-            lq = _log_softmax(lq_logits)
-            written = np.array([rng.choice(V, p=np.exp(row)) for row in lq])
-            written[written == EOS] = 1
-            written[-1] = EOS
-            texts = ["" if w == EOS else VOCAB[w] for w in written]
-            starts = np.cumsum([0] + [len(t) for t in texts[:-1]])
-            response = "".join(texts)
-            planted = rng.choice(np.arange(1, n_tokens - 1), spikes_per_rollout, replace=False)
-            signs = rng.choice([-1.0, 1.0], spikes_per_rollout)
-            onsets = rng.choice(len(ckpts), spikes_per_rollout)
-            drift_dir = rng.normal(0, 1.0, (n_tokens, V))
             failure = "boxed_wrong" if group == "target" else "correct"
-            rollout_rows.append({"model": "dpo", "problem_id": pid, "rollout_id": rid, "response": response,
-                                 "extracted": str(pi + 11), "correct": group != "target",
-                                 "failure_type": failure, "n_tokens": n_tokens})
-            for ci, ck in enumerate(ckpts):
-                shift = drift_dir * 0.15 * steps[ck] / max(steps.values())
-                for pos, sign, onset in zip(planted, signs, onsets):
-                    if ci >= onset:
-                        shift[pos, written[pos]] += sign * 4.0
-                lp = _log_softmax(lq_logits + shift)
-                cols = _metrics(lq, lp, written, topk)
-                logr = cols["logp_ckpt"] - cols["logp_ref"]
-                frame = pd.DataFrame({
-                    "suite": suite, "checkpoint": ck, "reference": "dpo", "problem_id": pid,
-                    "rollout_id": rid, "pos": np.arange(n_tokens, dtype=np.int32),
-                    "token_id": written.astype(np.int32), "token": texts,
-                    "char_start": starts.astype(np.int32), "char_end": (starts + [len(t) for t in texts]).astype(np.int32),
-                    **{k: (np.asarray(v, np.float32) if k.startswith(("logp", "entropy", "kl", "js")) else v)
-                       for k, v in cols.items()},
-                    "k1": (-logr).astype(np.float32), "k2": (logr ** 2 / 2).astype(np.float32),
-                    "k3": (np.expm1(logr) - logr).astype(np.float32),
-                    "group": group, "failure_type": failure, "temperature": np.float32(0.7),
-                    "first_token": np.arange(n_tokens) == 0, "is_eos": written == EOS,
-                    "dlogp": (cols["logp_ckpt"].astype(np.float32) - cols["logp_ref"].astype(np.float32)),
-                    "step": steps[ck],
-                })
-                frame["rank_ckpt"] = frame.rank_ckpt.astype(np.int32)
-                frame["rank_ref"] = frame.rank_ref.astype(np.int32)
-                frame["topk_ids_ckpt"] = [a.astype(np.int32) for a in frame.topk_ids_ckpt]
-                frame["topk_ids_ref"] = [a.astype(np.int32) for a in frame.topk_ids_ref]
-                frame["topk_p_ckpt"] = [a.astype(np.float32) for a in frame.topk_p_ckpt]
-                frame["topk_p_ref"] = [a.astype(np.float32) for a in frame.topk_p_ref]
-                token_rows.append(frame)
-                for j, (pos, sign, onset) in enumerate(zip(planted, signs, onsets)):
-                    if ci < onset:
-                        continue
-                    row = frame.iloc[pos]
-                    spike_rows.append({
-                        "suite": suite, "checkpoint": ck, "reference": "dpo", "group": group,
-                        "problem_id": pid, "rollout_id": rid, "pos": int(pos), "token": texts[pos],
-                        "category": _category(texts[pos]), "statistic": float(row.kl_ref_ckpt),
-                        "p": float(1e-4 * (j + 1)), "q": float(1e-3 * (j + 1) * (ci + 1)),
-                        "sign_class": "reject" if sign < 0 else "endorse", "dlogp": float(row.dlogp),
-                        "kl_ref_ckpt": float(row.kl_ref_ckpt), "kl_ckpt_ref": float(row.kl_ckpt_ref),
-                        "onset_step": steps[ckpts[onset]], "persistence": "persistent",
-                        "region_id": f"{rid}:{pos}"})
-    tokens = pd.concat(token_rows, ignore_index=True)
-    return {"tokens": tokens, "spikes": pd.DataFrame(spike_rows), "rollouts": pd.DataFrame(rollout_rows),
-            "problems": pd.DataFrame(problem_rows), "answers": pd.DataFrame(answer_rows)}
+            keys = {"suite": suite, "reference": "dpo", "problem_id": pid, "rollout_id": f"{pid}#{r}",
+                    "group": group, "failure_type": failure}
+            f, sp, text = _rollout(rng, keys, n_tokens, steps, spikes_per_rollout, topk)
+            frames += f
+            spikes += sp
+            rollouts.append({"model": "dpo", "problem_id": pid, "rollout_id": keys["rollout_id"], "response": text,
+                             "extracted": str(pi + 11), "correct": group != "target", "failure_type": failure,
+                             "n_tokens": n_tokens})
+    return {"tokens": pd.concat(frames, ignore_index=True), "spikes": pd.DataFrame(spikes),
+            "rollouts": pd.DataFrame(rollouts), "problems": pd.DataFrame(problems), "answers": pd.DataFrame(answers)}
 
 
 def decode(token_id: int) -> str:

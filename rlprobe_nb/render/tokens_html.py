@@ -23,11 +23,7 @@ import pandas as pd
 
 from .colour_scale import ColourScale
 from .metrics import metric_values
-
-# The columns of the spikes table (chapter 05) that the tooltips and outlines read.
-SPIKE_KEY = ["checkpoint", "rollout_id", "pos"]
-SPIKE_FIELDS = {"category": "category", "sign": "sign_class", "q": "q",
-                "onset": "onset_step", "persistence": "persistence"}
+from .spike_marks import spike_records
 
 STYLE = """<style>
 .rp-resp{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono",monospace;
@@ -69,16 +65,6 @@ def make_decoder(decode: Decoder | Mapping[int, str] | None, tokens: pd.DataFram
 def show_token(text: str) -> str:
     """A token's text made visible on one line: quoted, newlines and tabs as escapes."""
     return '"' + text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t") + '"'
-
-
-def spike_records(spikes: pd.DataFrame | None, checkpoint: str, rollout_id: str) -> dict[int, dict]:
-    """pos -> the spike's fields (see ``SPIKE_FIELDS``) for one checkpoint and rollout."""
-    if spikes is None or spikes.empty:
-        return {}
-    rows = spikes[(spikes.checkpoint == checkpoint) & (spikes.rollout_id == rollout_id)]
-    present = {k: c for k, c in SPIKE_FIELDS.items() if c in rows.columns}
-    return {int(p): {k: v for k, v in zip(present, vals)}
-            for p, *vals in zip(rows.pos, *(rows[c] for c in present.values()))}
 
 
 class _Labels:
@@ -128,7 +114,7 @@ def tooltip_text(row, text: str, decode: Decoder, spike: dict | None = None,
              f"KL(ref‖ckpt) {row.kl_ref_ckpt:.4f}   KL(ckpt‖ref) {row.kl_ckpt_ref:.4f}   JS {row.js:.4f}",
              f"entropy  ref {row.entropy_ref:.4f}   ckpt {row.entropy_ckpt:.4f}"]
     if spike:
-        parts = [f"spike {spike.get('sign', '?')}"]
+        parts = [f"spike {spike.get('sign') or '?'}"]
         if spike.get("persistence") is not None:
             parts.append(str(spike["persistence"]))
         if spike.get("q") is not None:
@@ -217,16 +203,15 @@ def response_html(rows: pd.DataFrame, scale: ColourScale, decode: Decoder | Mapp
                   legend: bool = True, style: bool = True, max_height: str | None = None,
                   q_threshold: float | None = None, topk: int | None = None) -> str:
     """One (checkpoint, rollout)'s response as a self-contained HTML fragment coloured by
-    ``scale.metric``, with a legend and per-token tooltips; spikes (rows of the spikes
-    table for this checkpoint and rollout) outlined."""
+    ``scale.metric``, with a legend and per-token tooltips; its spikes at this checkpoint
+    (from the spikes table, see ``spike_marks``) outlined."""
     if rows.empty:
         return "<div>(no tokens)</div>"
     ckpts, rollouts = rows.checkpoint.unique(), rows.rollout_id.unique()
     if len(ckpts) != 1 or len(rollouts) != 1:
         raise ValueError(f"response_html takes one checkpoint and one rollout, got {list(ckpts)} x {list(rollouts)}")
     rows = rows.sort_values("pos")
-    pieces = prepare(rows, make_decoder(decode, rows), response,
-                     spike_records(spikes, ckpts[0], rollouts[0]), topk)
+    pieces = prepare(rows, make_decoder(decode, rows), response, spike_records(spikes, ckpts[0], rows), topk)
     body = paint(pieces, metric_values(rows, scale.metric), scale, q_threshold)
     box = f' style="max-height:{max_height};overflow-y:auto"' if max_height else ""
     return ((STYLE if style else "") + (scale.legend_html() if legend else "")

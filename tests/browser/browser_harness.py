@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -45,9 +46,7 @@ def require_browser() -> str:
     if path is None:
         missing = "no chromium found: run scripts/ensure_browser.sh (Debian: apt-get install chromium)"
     else:
-        try:
-            import playwright.sync_api  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("playwright") is None:
             missing = "playwright is not installed (it comes with the test extras: make install)"
     if missing:
         if os.environ.get("CI") == "true":
