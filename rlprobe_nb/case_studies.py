@@ -4,8 +4,8 @@ Choosing examples by hand invites choosing the ones that tell the story. Here a
 :class:`CaseRule` (its fields are notebook parameters, with a seed) picks, at the final
 checkpoint and in one group of rollouts:
 
-1. the strongest spike of the wanted persistence class (largest |statistic|) in each of
-   the ``n_categories`` most frequent categories (ties: category name);
+1. the strongest spike of the wanted persistence class (largest |statistic|, then |Δlogp|)
+   in each of the ``n_categories`` most frequent categories (ties: category name);
 2. the spike with the earliest onset step (ties: the stronger);
 3. ``n_random`` spikes drawn with the seed among those not yet chosen;
 4. ``n_controls`` quiet positions: never a spike at any step, |Δlogp| at most the median,
@@ -86,7 +86,9 @@ def _spike_candidates(spikes: pd.DataFrame, final: str, rule: CaseRule) -> pd.Da
         sp = sp[~sp.first_token.astype(bool)]
     if rule.persistence is not None and "persistence" in sp.columns:
         sp = sp[sp.persistence == rule.persistence]
-    sp = sp.assign(strength=sp[rule.strength].abs())
+    # ties in the statistic (e.g. p-values at the null's floor) go to the larger |Δlogp|
+    tiebreak = sp["dlogp"].abs() if "dlogp" in sp.columns else 0.0
+    sp = sp.assign(strength=sp[rule.strength].abs(), tiebreak=tiebreak)
     return sp.sort_values(["rollout_id", "pos"]).reset_index(drop=True)
 
 
@@ -122,13 +124,13 @@ def select_cases(tokens: pd.DataFrame, spikes: pd.DataFrame, rule: CaseRule = Ca
                                                                               ascending=[False, True])
     for cat in counts.category.head(rule.n_categories):
         cand = _untaken(sp[sp.category == cat], chosen).sort_values(
-            ["strength", "rollout_id", "pos"], ascending=[False, True, True])
+            ["strength", "tiebreak", "rollout_id", "pos"], ascending=[False, False, True, True])
         if len(cand):
             _pick(chosen, cand.iloc[0], "spike", f"the strongest {rule.persistence or ''} spike of "
                   f"category {cat!r}".replace("  ", " "))
     if rule.earliest_onset and "onset_step" in sp.columns:
         cand = _untaken(sp.dropna(subset=["onset_step"]), chosen).sort_values(
-            ["onset_step", "strength", "rollout_id", "pos"], ascending=[True, False, True, True])
+            ["onset_step", "strength", "tiebreak", "rollout_id", "pos"], ascending=[True, False, False, True, True])
         if len(cand):
             _pick(chosen, cand.iloc[0], "spike", "the earliest onset")
     rng = np.random.default_rng(rule.seed)

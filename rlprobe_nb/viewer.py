@@ -6,7 +6,8 @@
 Pick a group, a problem and one of its rollouts; a training step (a slider with play) or
 two checkpoints to compare; the metric; the scale (shared by the whole suite or fitted to
 this rollout, linear or symmetric-log, clipped at a quantile); the q-value at which spikes
-are outlined; a category to keep in view. Hovering a token shows its tooltip (CSS, so it
+are outlined (spikes significant at their step whose q is at most it: a threshold above the
+spike chapter's own q adds none); a category to keep in view. Hovering a token shows its tooltip (CSS, so it
 also works in an exported page); selecting a token (its position, or "next spike") shows
 its series over steps and both models' top-k lists at every step.
 
