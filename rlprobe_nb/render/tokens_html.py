@@ -6,7 +6,9 @@ so the spans' text concatenated is the response, whitespace and newlines include
 (``white-space: pre-wrap``). Its background is its value on a :class:`ColourScale`. Its
 tooltip is plain text in a ``data-tip`` attribute that CSS shows on hover through
 ``::after { content: attr(data-tip) }``: no script, no network, no kernel, so a static HTML
-export looks and behaves the same, and the tooltip never enters the text. Newline and empty
+export looks and behaves the same, and the tooltip never enters the text. The tooltip is
+``position: fixed`` at its natural place below the token, so a scrolling ancestor (a
+notebook's output area, the viewer's response box) cannot clip it. Newline and empty
 tokens (EOS) get a visible marker the same way. Model text is data: every string is
 HTML-escaped.
 """
@@ -29,8 +31,8 @@ STYLE = """<style>
 .rp-resp{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono",monospace;
  font-size:13px;line-height:1.75;white-space:pre-wrap;word-break:break-word;color:#000;
  border:1px solid #ccc;padding:6px 8px;background:#fff;text-align:left}
-.rp-tok{position:relative;border-radius:2px}
-.rp-tok:hover::after{content:attr(data-tip);position:absolute;left:0;top:1.6em;z-index:1000;
+.rp-tok{border-radius:2px}
+.rp-tok:hover::after{content:attr(data-tip);position:fixed;margin-top:1.7em;z-index:1000;
  white-space:pre;background:#fffff4;color:#000;border:1px solid #777;padding:4px 6px;
  font-size:11.5px;line-height:1.35;box-shadow:2px 2px 6px rgba(0,0,0,.25);pointer-events:none}
 .rp-tok.rp-nl::before{content:"⏎";color:#888}

@@ -130,3 +130,44 @@ def pixel_spread(context, png: bytes) -> dict:
         }""", base64.b64encode(png).decode())
     finally:
         page.close()
+
+
+def pixel_change(context, png_a: bytes, png_b: bytes) -> float:
+    """Mean absolute difference of two same-sized PNGs' grey levels (0..255), measured by
+    the browser in a blank page."""
+    page = context.new_page()
+    try:
+        return page.evaluate("""async ([a, b]) => {
+            const grey = async (b64) => {
+                const img = new Image();
+                img.src = 'data:image/png;base64,' + b64;
+                await img.decode();
+                const c = document.createElement('canvas');
+                c.width = img.width; c.height = img.height;
+                const g = c.getContext('2d');
+                g.drawImage(img, 0, 0);
+                return g.getImageData(0, 0, c.width, c.height).data;
+            };
+            const [x, y] = [await grey(a), await grey(b)];
+            let s = 0;
+            for (let i = 0; i < x.length; i += 4) {
+                s += Math.abs((0.299 * x[i] + 0.587 * x[i + 1] + 0.114 * x[i + 2])
+                            - (0.299 * y[i] + 0.587 * y[i + 1] + 0.114 * y[i + 2]));
+            }
+            return s / (x.length / 4);
+        }""", [base64.b64encode(png_a).decode(), base64.b64encode(png_b).decode()])
+    finally:
+        page.close()
+
+
+def tooltip_visible(page, locator) -> bool:
+    """Hover ``locator`` and compare the pixels just below it with those before: a tooltip
+    that shows (and is not clipped by a scrolling ancestor) changes them."""
+    locator.scroll_into_view_if_needed()
+    page.mouse.move(0, 0)
+    box = locator.bounding_box()
+    below = {"x": box["x"], "y": box["y"] + box["height"] + 6, "width": 160, "height": 48}
+    before = page.screenshot(clip=below)
+    locator.hover()
+    after = page.screenshot(clip=below)
+    return pixel_change(page.context, before, after) > 8

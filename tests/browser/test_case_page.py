@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from browser_harness import headless_chromium, pixel_spread
+from browser_harness import headless_chromium, pixel_spread, tooltip_visible
 from rlprobe_nb import case_studies as cs
 from rlprobe_nb.render import case_page, shared_scale, synthetic
 from rlprobe_nb.render.metrics import metric_values
@@ -59,7 +59,7 @@ def test_case_study_page_in_chromium(built, tmp_path):
         token = page.locator(f'.rp-case >> nth=0 >> .rp-resp[data-checkpoint="{case.checkpoint}"] '
                              f'>> span.rp-tok[data-pos="{case.pos}"]').first
         assert token.evaluate(AFTER)["content"] in ("none", "normal"), "no tooltip before hovering"
-        token.hover()
+        assert tooltip_visible(page, token)
         after = token.evaluate(AFTER)
         assert after["display"] != "none" and "top-5" in after["content"]
         row = tokens.loc[(case.checkpoint, case.rollout_id, case.pos)]

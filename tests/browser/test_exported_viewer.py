@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from browser_harness import headless_chromium, pixel_spread
+from browser_harness import headless_chromium, pixel_spread, tooltip_visible
 from rlprobe_nb import book
 
 pytestmark = pytest.mark.browser
@@ -59,7 +59,7 @@ def check_static_viewer(path, tmp_path):
         assert len(spans) == 30, "the widget's output area holds the static rendering"
         assert len(set(spans)) > 5, "coloured by value"
         token = page.locator(".jp-OutputArea-output .rp-tok").nth(3)
-        token.hover()
+        assert tooltip_visible(page, token), "the tooltip shows, unclipped by the output area"
         assert "top-5" in token.evaluate("el => getComputedStyle(el, '::after').content")
         spread = pixel_spread(context, page.screenshot(full_page=True))
     assert spread["std"] > 10
