@@ -30,7 +30,7 @@
 # %%
 from IPython.display import HTML, display
 
-from rlprobe_nb import case_studies, models, params, paths, storage, suite_tables
+from rlprobe_nb import case_studies, models, params, paths, storage, suite_keys, suite_tables
 from rlprobe_nb.render import case_page, shared_scale
 
 # %% tags=["parameters"]
@@ -54,7 +54,7 @@ P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 tokens = TOKENS[TOKENS.reference == P.reference]
 SPIKES = storage.read_table(paths.table_dir(P.suite, "spikes"))
-tables = {name: storage.read_table(paths.table_dir(P.suite, name)) for name in ("problems", "rollouts", "answers")}
+tables = {name: suite_keys.read_current(P, name)[0] for name in ("problems", "rollouts", "answers")}
 rule = case_studies.CaseRule(n_categories=n_categories, earliest_onset=earliest_onset, n_random=n_random,
                              n_controls=n_controls, seed=seed, group=group, persistence=persistence, window=window)
 scale = shared_scale(tokens, metric, scale_quantile)

@@ -26,7 +26,7 @@
 # %%
 from IPython.display import HTML
 
-from rlprobe_nb import models, params, paths, storage, suite_tables, viewer
+from rlprobe_nb import models, params, paths, storage, suite_keys, suite_tables, viewer
 
 # %% tags=["parameters"]
 suite = None
@@ -41,7 +41,7 @@ P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 tokens = TOKENS[TOKENS.reference == P.reference]
 SPIKES = storage.read_table(paths.table_dir(P.suite, "spikes"))
-rollouts = storage.read_table(paths.table_dir(P.suite, "rollouts"))
+rollouts, _ = suite_keys.read_current(P, "rollouts")
 texts = dict(zip(rollouts.rollout_id, rollouts.response))
 tokenizer = models.load_tokenizer(P.reference, P)
 decode = lambda token_id: tokenizer.decode([token_id])  # noqa: E731

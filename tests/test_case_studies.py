@@ -216,24 +216,20 @@ def test_page_is_self_contained(built):
 def run_draft_notebook(name: str, tmp_path, monkeypatch) -> dict:
     """Execute a notebook's code cells against a synthetic suite shaped like the demo suite.
 
-    The loaders the notebook calls are replaced: the per-token tables (`suite_tables`, not
-    written yet), the spikes/problems/rollouts/answers tables and the tokenizer; parameters
-    are the demo suite's own, results go to a temporary folder."""
-    import sys
+    The loaders the notebook calls are replaced (the per-token tables, the spikes, problems,
+    rollouts and answers tables, the tokenizer); parameters are the demo suite's own,
+    results go to a temporary folder."""
     import types
 
     import jupytext
 
-    import rlprobe_nb
-    from rlprobe_nb import models, params, paths, storage
+    from rlprobe_nb import models, params, paths, storage, suite_keys, suite_tables
 
     P = params.load(None)
     data = synthetic.synthetic_suite(n_problems=3, rollouts_per_problem=2, n_tokens=40, seed=2,
                                      steps=dict(P.steps), suite=P.suite)
-    stub = types.ModuleType("rlprobe_nb.suite_tables")
-    stub.read_tokens = lambda P, pairs=None: data["tokens"]
-    monkeypatch.setitem(sys.modules, "rlprobe_nb.suite_tables", stub)
-    monkeypatch.setattr(rlprobe_nb, "suite_tables", stub, raising=False)
+    monkeypatch.setattr(suite_tables, "read_tokens", lambda P, pairs=None, columns=None: data["tokens"])
+    monkeypatch.setattr(suite_keys, "read_current", lambda P, table: (data[table], "sha-of-" + table))
     monkeypatch.setattr(storage, "read_table", lambda folder, *a, **k: data[paths.Path(folder).name])
     tokenizer = types.SimpleNamespace(decode=lambda ids: "".join(synthetic.decode(i) for i in ids))
     monkeypatch.setattr(models, "load_tokenizer", lambda name, P: tokenizer)

@@ -1,12 +1,7 @@
-"""A notebook that opens the viewer, executed by a kernel and exported to HTML the way the
-book exports every chapter: in a browser without a kernel or network, the viewer's output
-is not empty but the coloured response (its static fallback), tooltips included.
-
-nbclient (and papermill, built on it) stores the widgets' state in the notebook; nbconvert
-then renders a widget output through a widget manager loaded from a CDN instead of the
-output's text/html fallback, which offline leaves the viewer's area empty. The export must
-drop that state (``nb.metadata["widgets"]``) for the fallback to show.
-"""
+"""A notebook that opens the viewer, executed by a kernel (which stores the widgets'
+state, as papermill does) and exported by the book's own exporter: in a browser without a
+kernel or network, the viewer's output is not empty but the coloured response (its static
+text/html fallback), tooltips included, and the page requests nothing."""
 
 import nbformat
 import pytest
@@ -26,34 +21,22 @@ CELLS = [
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
+def exported(tmp_path_factory):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     NotebookClient(nb, timeout=300, kernel_name="python3").execute()
     assert "widgets" in nb.metadata, "the kernel's widget state is stored, as papermill stores it"
-    return nb, tmp_path_factory.mktemp("nb")
+    path = tmp_path_factory.mktemp("nb") / "viewer.ipynb"
+    nbformat.write(nb, path)
+    page, network = book.export_html(path)
+    assert network == [], network
+    return page
 
 
-@pytest.fixture(scope="module")
-def exported(executed):
-    nb, folder = executed
-    nbformat.write(nb, folder / "viewer.ipynb")
-    return book.export_html(folder / "viewer.ipynb")
-
-
-@pytest.fixture(scope="module")
-def exported_without_widget_state(executed):
-    nb, folder = executed
-    nb = nbformat.from_dict(nb)
-    del nb.metadata["widgets"]
-    nbformat.write(nb, folder / "viewer_stateless.ipynb")
-    return book.export_html(folder / "viewer_stateless.ipynb")
-
-
-def check_static_viewer(path, tmp_path):
+def test_exported_viewer_shows_the_coloured_response(exported, tmp_path):
     with headless_chromium(tmp_path) as (context, guard):
         page = context.new_page()
-        page.goto(path.as_uri())
+        page.goto(exported.as_uri())
         spans = page.evaluate("""() => [...document.querySelectorAll('.jp-OutputArea-output .rp-tok')]
             .map(s => getComputedStyle(s).backgroundColor)""")
         assert len(spans) == 30, "the widget's output area holds the static rendering"
@@ -62,22 +45,5 @@ def check_static_viewer(path, tmp_path):
         assert tooltip_visible(page, token), "the tooltip shows, unclipped by the output area"
         assert "top-5" in token.evaluate("el => getComputedStyle(el, '::after').content")
         spread = pixel_spread(context, page.screenshot(full_page=True))
-    assert spread["std"] > 10
-
-
-def test_fallback_shows_when_the_export_drops_the_widget_state(exported_without_widget_state, tmp_path):
-    check_static_viewer(exported_without_widget_state, tmp_path)
-
-
-@pytest.mark.xfail(strict=True, reason="book.export_html keeps the widget state papermill stores, so "
-                                       "nbconvert loads a widget manager from a CDN instead of the fallback")
-def test_exported_viewer_shows_the_coloured_response(exported, tmp_path):
-    check_static_viewer(exported, tmp_path)
-
-
-@pytest.mark.xfail(strict=True, reason="book.export_html links require.js and MathJax from a CDN "
-                                       "(nbconvert's defaults); the lead owns that exporter")
-def test_exported_page_requests_nothing(exported, tmp_path):
-    with headless_chromium(tmp_path) as (context, guard):
-        context.new_page().goto(exported.as_uri())
     guard.assert_nothing_left()
+    assert spread["std"] > 10
