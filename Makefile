@@ -26,6 +26,7 @@ demo: install
 	$(PY) -m rlprobe_nb.book --suite $(SUITE)
 
 test: install
+	bash scripts/ensure_browser.sh
 	$(PY) -m pytest tests
 
 # JupyterLab with the project's settings (jupyter_config/, added to your own): a chapter's

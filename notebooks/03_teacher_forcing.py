@@ -31,7 +31,9 @@
 # Schulman's sampled-token functions k1, k2, k3 of the written token.
 
 # %%
-from rlprobe_nb import forcing, forcing_plan, models, params, paths, storage, suite_keys, views
+from IPython.display import HTML
+
+from rlprobe_nb import forcing, forcing_plan, models, params, paths, render, storage, suite_keys, views
 
 # %% tags=["parameters"]
 suite = None
@@ -130,8 +132,8 @@ views.first_tokens(TOKENS).head(8)
 
 # %% [markdown]
 # The target rollout with the strongest rejection, token by token, and the same response
-# shaded by Δlogp on a fixed scale, the same on every page of the book (hover a token for
-# its numbers).
+# coloured by Δlogp on a fixed scale, the same on every page of the book (hover a token for
+# its numbers and both models' top alternatives).
 
 # %%
 WORST = RANKED["rejects"].rollout_id.iloc[0]
@@ -139,7 +141,9 @@ views.show(views.trace_chart(TOKENS, WORST, "kl_ref_ckpt"),
            save_as=paths.figures_dir(P.suite) / f"03_trace__{P.checkpoint}")
 
 # %%
-views.coloured_response(TOKENS, WORST, "dlogp")
+TOKENIZER = models.load_tokenizer(P.reference, P)
+HTML(render.response_html(TOKENS[TOKENS.rollout_id == WORST], render.fixed_scale("dlogp"),
+                          lambda i: TOKENIZER.decode([i]), ROLLOUTS.set_index("rollout_id").response[WORST]))
 
 # %% [markdown]
 # Provenance of this table: models, revisions and hashes, parameters, versions, commit.

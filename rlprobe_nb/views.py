@@ -1,13 +1,13 @@
 """Readable views of the per-token table: per-rollout summaries, the tokens with the
-largest divergence in context, a trace chart, and a response coloured by a metric.
+largest divergence in context, and a trace chart (a response coloured token by token is
+drawn by ``rlprobe_nb.render``).
 
 Everything renders in a static HTML export (no kernel, no CDN): charts go out as inline
-SVG through vl-convert, coloured tokens as plain HTML spans with title tooltips.
+SVG through vl-convert.
 """
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import pandas as pd
@@ -111,40 +111,3 @@ def show(chart, save_as: str | Path | None = None):
         with atomic_path(base.with_suffix(".png")) as tmp:
             tmp.write_bytes(vlc.vegalite_to_png(spec, scale=2))
     return SVG(svg)
-
-
-# Full colour at these values, the same on every page of every suite, so steps and
-# rollouts can be compared by eye: |Δlogp| = 2 nats is a factor e^2 ~ 7 in probability.
-FIXED_SCALES = {"dlogp": 2.0, "kl_ref_ckpt": 1.0, "kl_ckpt_ref": 1.0, "js": 0.35}
-
-
-def coloured_response(tokens: pd.DataFrame, rollout_id: str, metric: str = "dlogp",
-                      vmax: float | None = None):
-    """The response with each token shaded by ``metric`` on a fixed scale (``vmax``,
-    default ``FIXED_SCALES[metric]``: the same on every page); signed metrics on a
-    diverging palette (blue: the checkpoint endorses the written token, red: rejects it).
-    Hover shows the numbers."""
-    from IPython.display import HTML
-
-    df = tokens[tokens.rollout_id == rollout_id].sort_values("pos")
-    top = vmax if vmax is not None else FIXED_SCALES[metric]
-    signed = metric == "dlogp"
-    spans = []
-    for row in df.itertuples():
-        value = getattr(row, metric)
-        alpha = min(1.0, abs(value) / top)
-        rgb = "33,102,172" if signed and value > 0 else "178,24,43"
-        tip = (f"pos {row.pos} {row.token!r}\n{metric} = {value:.4g}\n"
-               f"logp ref {row.logp_ref:.3f}, ckpt {row.logp_ckpt:.3f}\n"
-               f"rank ref {row.rank_ref}, ckpt {row.rank_ckpt}\n"
-               f"KL(ref‖ckpt) {row.kl_ref_ckpt:.3g}, KL(ckpt‖ref) {row.kl_ckpt_ref:.3g}")
-        text = html.escape(row.token if row.token else "∅").replace("\n", "⏎\n")
-        spans.append(f'<span title="{html.escape(tip)}" style="background: rgba({rgb},{alpha:.3f});'
-                     f'border-radius:2px">{text}</span>')
-    body = "".join(spans)
-    legend = ("blue: the checkpoint gives the written token more probability, red: less"
-              if signed else f"shade: {METRIC_LABELS.get(metric, metric)}")
-    return HTML(f'<div style="font-family: monospace; white-space: pre-wrap; line-height: 1.6; '
-                f'max-height: 24em; overflow-y: auto; border: 1px solid #ccc; padding: 6px">'
-                f"{body}</div><div style='font-size: 80%'>{legend}; full colour at |{metric}| = "
-                f"{top:.3g} (fixed scale, the same on every page)</div>")

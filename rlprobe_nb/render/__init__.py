@@ -1,0 +1,10 @@
+"""Per-token divergence drawn inline: a colour scale shared by a whole suite, a response as
+coloured tokens with tooltips, small charts, and the case-study page. Everything renders to
+self-contained HTML (inline CSS and SVG, no script, no network)."""
+
+from .colour_scale import ColourScale, fit_scale, fixed_scale, shared_scale
+from .metrics import DEFAULT_METRIC, METRICS, metric_values
+from .tokens_html import make_decoder, response_html
+
+__all__ = ["ColourScale", "fit_scale", "fixed_scale", "shared_scale", "DEFAULT_METRIC", "METRICS", "metric_values",
+           "make_decoder", "response_html"]
