@@ -26,7 +26,7 @@
 # across the training steps.
 
 # %%
-from rlprobe_nb import models, params, paths, provenance, schemas, storage, suite_tables, views
+from rlprobe_nb import models, params, paths, provenance, schemas, suite_tables, views
 from rlprobe_nb.spikes import across_steps, charts, detect, simulate, spike_rates, summary, table
 
 # %% tags=["parameters"]

@@ -53,7 +53,7 @@ params.check_notebook_parameters(globals().get("In", []), [
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 tokens = TOKENS[TOKENS.reference == P.reference]
-SPIKES = storage.read_table(paths.table_dir(P.suite, "spikes"))
+SPIKES = suite_tables.read_derived(P, "spikes")
 tables = {name: suite_keys.read_current(P, name)[0] for name in ("problems", "rollouts", "answers")}
 rule = case_studies.CaseRule(n_categories=n_categories, earliest_onset=earliest_onset, n_random=n_random,
                              n_controls=n_controls, seed=seed, group=group, persistence=persistence, window=window)

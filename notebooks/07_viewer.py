@@ -26,7 +26,7 @@
 # %%
 from IPython.display import HTML
 
-from rlprobe_nb import models, params, paths, storage, suite_keys, suite_tables, viewer
+from rlprobe_nb import models, params, suite_keys, suite_tables, viewer
 
 # %% tags=["parameters"]
 suite = None
@@ -40,7 +40,7 @@ params.check_notebook_parameters(globals().get("In", []), ["suite", "metric", "s
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 tokens = TOKENS[TOKENS.reference == P.reference]
-SPIKES = storage.read_table(paths.table_dir(P.suite, "spikes"))
+SPIKES = suite_tables.read_derived(P, "spikes")
 rollouts, _ = suite_keys.read_current(P, "rollouts")
 texts = dict(zip(rollouts.rollout_id, rollouts.response))
 tokenizer = models.load_tokenizer(P.reference, P)
