@@ -4,6 +4,7 @@ checkpoint), each executed notebook and its HTML export under figures/<suite>/.
     python -m rlprobe_nb.book                 # the active suite (demo unless named)
     python -m rlprobe_nb.book --suite tulu3   # the real suite, on GPUs
     python -m rlprobe_nb.book --only 03       # one chapter
+    python -m rlprobe_nb.book --overwrite     # recompute tables whose inputs changed
     python -m rlprobe_nb.book --prepare       # one-time set-up (convert the demo GGUF)
 
 Notebooks skip work whose tables are already complete, so a second run is quick.
@@ -49,14 +50,19 @@ def declared_parameters(nb: Path) -> set[str]:
     return set(pm.inspect_notebook(str(nb)))
 
 
-def runs(P: params.Params, only: list[str] | None = None) -> list[tuple[Path, dict, str]]:
+def runs(P: params.Params, only: list[str] | None = None,
+         overwrite: bool = False) -> list[tuple[Path, dict, str]]:
     """(notebook, papermill parameters, output stem) for each run of the book. A notebook
-    gets ``suite`` only if it declares it (the appendix is about the demo suite alone)."""
+    gets ``suite`` only if it declares it (the appendix is about the demo suite alone), and
+    ``overwrite=True`` (recompute tables whose inputs changed) if asked and declared."""
     out = []
     for nb in notebooks():
         if only and not any(nb.stem.startswith(o) for o in only):
             continue
-        base = {"suite": P.suite} if "suite" in declared_parameters(nb) else {}
+        declared = declared_parameters(nb)
+        base = {"suite": P.suite} if "suite" in declared else {}
+        if overwrite and "overwrite" in declared:
+            base["overwrite"] = True
         if nb.stem == PER_CHECKPOINT:
             for ckpt in P.checkpoints:
                 out.append((nb, {**base, "checkpoint": ckpt}, f"{nb.stem}__{ckpt}"))
@@ -249,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite", default=None, help="suite name (default: $RLPROBE_SUITE or demo)")
     ap.add_argument("--only", nargs="*", help="notebook name prefixes to run, e.g. 01 03")
     ap.add_argument("--prepare", action="store_true", help="one-time set-up, then exit")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="recompute tables computed from other inputs than the current ones "
+                         "(without it, such tables are refused, naming what changed)")
     args = ap.parse_args(argv)
     if args.prepare:
         prepare()
@@ -256,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     P = params.load(args.suite)  # a bad params file fails here, before any model loads
     out_dir = paths.figures_dir(P.suite)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plan = runs(P, args.only)
+    plan = runs(P, args.only, args.overwrite)
     total = time.perf_counter()
     print(f"rlprobe_nb: suite {P.suite!r}, {len(plan)} notebook runs")
     needs_network = {}

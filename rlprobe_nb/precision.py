@@ -60,6 +60,7 @@ def _f64_rows(models_: list, seqs: forcing.SequenceSet) -> list[torch.Tensor]:
     return out
 
 
+@torch.no_grad()
 def measure(seqs: forcing.SequenceSet, ckpt, ref, sizes=((4096, 256), (97, 7))) -> pd.DataFrame:
     """The three comparisons for checkpoint ``ckpt`` vs reference ``ref`` (float32 models)
     over ``seqs``; ``sizes`` are (batch_tokens, chunk_positions) settings, the first one the

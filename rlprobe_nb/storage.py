@@ -21,303 +21,36 @@ skips finished shards, so an interrupted run resumes without lost or duplicated 
 writer at a time: a writer holds an advisory lock on ``_lock`` (released when its process
 ends, however it ends) and a second process is refused with the holder named.
 
-Files are written through a private temporary file renamed into place, with the mode the
-umask gives a new file (``tempfile`` alone would leave 0600).
+Files are written through ``atomic`` (a private temporary file renamed into place, with
+the mode the umask gives a new file); the writer lock is ``locks``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
-import json
 import os
 import re
-import socket
-import tempfile
-import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+# Atomic files, locks and tensor files are their own modules; tables use all three, and
+# callers reach them through here too.
+from .atomic import (DIR_MODE, FILE_MODE, DamagedTableError, atomic_path,  # noqa: F401
+                     atomic_write_json, atomic_write_text, fingerprint, read_json, sha256_of)
+from .locks import LOCK_FILE, TableBusyError, acquire_lock, writer_lock  # noqa: F401
+from .tensor_files import read_tensors, write_tensors  # noqa: F401
+
 MANIFEST = "_manifest.json"
 RUN_FILE = "_run.json"
-LOCK_FILE = "_lock"
 _PART_RE = re.compile(r"part-(?P<key>.+)\.(?P<sha>[0-9a-f]{16})\.parquet\Z")
-
-
-class DamagedTableError(RuntimeError):
-    """A table on disk does not match its manifest (missing, extra or altered files)."""
 
 
 class StaleTableError(RuntimeError):
     """A table was computed from other inputs than the current ones."""
 
-
-class TableBusyError(RuntimeError):
-    """Another process is writing the table."""
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-FILE_MODE = 0o666 & ~_umask()
-DIR_MODE = 0o777 & ~_umask()
-
-
-class _TempPath(type(Path())):
-    final: Path  # where the file went (set on success)
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, content_named: bool = False) -> Iterator[Path]:
-    """Yield a private temporary path beside ``path``; on success rename it over ``path``.
-
-    With ``content_named``, the file goes to ``<stem>.<first 16 hex of its sha256><suffix>``
-    instead (``tmp.final`` says where). On any error the temporary file is removed and the
-    destination keeps its old content.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Hidden, and ending in the target's suffix so writers that check it (papermill) agree.
-    fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}",
-                                dir=path.parent)
-    os.close(fd)
-    tmp = _TempPath(name)
-    try:
-        yield tmp
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        final = path
-        if content_named:
-            final = path.with_name(f"{path.stem}.{sha256_of(tmp)[:16]}{path.suffix}")
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, final)
-        tmp.final = final
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-    return Path(path)
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def sha256_of(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while block := f.read(chunk):
-            h.update(block)  # releases the GIL for large blocks
-    return h.hexdigest()
-
-
-def fingerprint(obj: Any) -> str:
-    """A stable short hash of JSON-able inputs (parameters, ids)."""
-    blob = json.dumps(obj, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-# --------------------------------------------------------------------------- locks
-
-_HELD: dict[str, list] = {}  # folder -> [fd, depth]: this process's locks (re-entrant)
-
-
-@contextlib.contextmanager
-def writer_lock(folder: str | os.PathLike, what: str = "") -> Iterator[None]:
-    """Hold the folder's writer lock for the block. Another process holding it is named in
-    a TableBusyError; the same process may re-enter (a notebook cell rerun after an error)."""
-    release = acquire_lock(folder, what)
-    try:
-        yield
-    finally:
-        release()
-
-
-def acquire_lock(folder: str | os.PathLike, what: str = ""):
-    """Take the folder's writer lock; returns the function that releases it."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    name = str(folder.resolve())
-    if name in _HELD:
-        _HELD[name][1] += 1
-    else:
-        path = folder / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise TableBusyError(f"{folder} is being written by {holder}; wait for that run "
-                                 "to end (or stop it), then rerun") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                     f"{time.strftime('%Y-%m-%d %H:%M:%S')} {what}".strip().encode())
-        _HELD[name] = [fd, 1]
-
-    def release() -> None:
-        entry = _HELD.get(name)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] == 0:
-            del _HELD[name]
-            os.close(entry[0])  # closing the descriptor drops the flock
-
-    return release
-
-
-# --------------------------------------------------------------------------- tensor files
-
-# safetensors dtype names of the tensors the engine caches
-_TENSOR_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64"}
-
-
-def write_tensors(path: str | os.PathLike, tensors: dict, metadata: dict | None = None,
-                  host_slices=None, content_named: bool = False) -> Path:
-    """Tensors as one safetensors file (readable by safetensors.safe_open), atomically;
-    returns where it went. ``content_named``: the file goes to
-    ``<stem>.<first 16 hex of its sha256>.safetensors`` instead, the digest taken from the
-    bytes as they go out (no second read).
-
-    Written with plain file I/O from the tensors' own memory: no copy, and the GIL is
-    released while the bytes go out, so a background writer does not stall the thread
-    that keeps the GPU busy (safetensors' save_file copies the data and holds the GIL).
-    Device tensors need ``host_slices(tensor)``: an iterator of CPU tensors that together
-    are the tensor's bytes in order (the engine streams a GPU LM head through a small
-    pinned buffer this way).
-    """
-    import torch
-    header, sources, offset = {}, [], 0
-    for name, tensor in tensors.items():
-        dtype = str(tensor.dtype).replace("torch.", "")
-        if dtype not in _TENSOR_DTYPES or (tensor.device.type != "cpu" and host_slices is None):
-            raise TypeError(f"write_tensors takes CPU tensors of {sorted(_TENSOR_DTYPES)}, "
-                            f"got {name!r}: {tensor.dtype} on {tensor.device}")
-        nbytes = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": _TENSOR_DTYPES[dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        sources.append(host_slices(tensor) if tensor.device.type != "cpu" else [tensor])
-        offset += nbytes
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the format's 8-byte alignment of the data
-    digest = hashlib.sha256()
-    with _atomic_tensor_path(path, digest, content_named) as tmp:
-        with open(tmp, "wb", buffering=0) as f:
-            head = len(blob).to_bytes(8, "little") + blob
-            digest.update(head)
-            f.write(head)
-            for source in sources:
-                for part in source:
-                    view = memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy())
-                    digest.update(view)
-                    while view.nbytes:
-                        view = view[f.write(view):]
-            os.fsync(f.fileno())
-        if os.path.getsize(tmp) != 8 + len(blob) + offset:
-            raise RuntimeError(f"internal: {path} would have {os.path.getsize(tmp)} bytes, "
-                               f"the header says {8 + len(blob) + offset}")
-    return tmp.final
-
-
-@contextlib.contextmanager
-def _atomic_tensor_path(path, digest, content_named: bool) -> Iterator[Path]:
-    """atomic_path whose content name comes from the running digest (no second read)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp.safetensors",
-                                dir=path.parent)
-    os.close(fd)
-    tmp = _TempPath(name)
-    try:
-        yield tmp
-        final = (path.with_name(f"{path.stem}.{digest.hexdigest()[:16]}{path.suffix}")
-                 if content_named else path)
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, final)
-        tmp.final = final
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def read_tensors(path: str | os.PathLike, names: list[str] | None = None,
-                 pin_memory: bool = False, sha256: str | None = None) -> tuple[dict, dict]:
-    """(tensors, metadata) of a safetensors file, each tensor read straight into a fresh
-    (optionally pinned) CPU tensor with the GIL released during the read.
-
-    With ``sha256`` (a full digest or a prefix of it) the whole file is read and checked:
-    a file altered after it was written raises DamagedTableError.
-    """
-    import torch
-    dtypes = {v: k for k, v in _TENSOR_DTYPES.items()}
-    out = {}
-    digest = hashlib.sha256() if sha256 else None
-    with open(path, "rb", buffering=0) as f:
-        raw = f.read(8)
-        size = int.from_bytes(raw, "little")
-        head = f.read(size)
-        if len(raw) < 8 or len(head) < size:
-            raise EOFError(f"{path} is truncated")
-        header = json.loads(head)
-        meta = header.pop("__metadata__", {}) or {}
-        entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
-        wanted = names if names is not None else [n for n, _ in entries]
-        for name in wanted:
-            if name not in header:
-                raise KeyError(f"{path} holds no tensor {name!r} (has {sorted(header)})")
-        if digest is not None:  # verify: read every tensor, in file order
-            digest.update(raw + head)
-            wanted_set, wanted = set(wanted), [n for n, _ in entries]
-        for name in wanted:
-            entry = header[name]
-            if entry["dtype"] not in dtypes:
-                raise TypeError(f"{path}: tensor dtype {entry['dtype']} not supported here")
-            t = torch.empty(entry["shape"], dtype=getattr(torch, dtypes[entry["dtype"]]),
-                            pin_memory=pin_memory)
-            start, end = entry["data_offsets"]
-            buf = memoryview(t.reshape(-1).view(torch.uint8).numpy())
-            if buf.nbytes != end - start:
-                raise ValueError(f"{path}: {name} has {end - start} bytes in the header, "
-                                 f"{buf.nbytes} by its shape")
-            f.seek(8 + size + start)
-            view = buf
-            while view.nbytes:
-                got = f.readinto(view)
-                if not got:
-                    raise EOFError(f"{path} is truncated")
-                view = view[got:]
-            if digest is not None:
-                digest.update(buf)
-                if name not in wanted_set:
-                    continue
-            out[name] = t
-        if digest is not None and (f.read(1) or not digest.hexdigest().startswith(sha256)):
-            raise DamagedTableError(f"{path} does not match the checksum it was written with "
-                                    "(altered or damaged since): delete it and rerun to "
-                                    "recompute it")
-    return out, meta
-
-
-# --------------------------------------------------------------------------- parquet tables
 
 def to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
     """Convert with the schema's exact columns and types; name what is missing or extra."""

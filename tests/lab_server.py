@@ -97,9 +97,10 @@ def _stop(server: LabServer, process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def lab_server(root: Path, home: Path, timeout: float = 180):
+def lab_server(root: Path, home: Path, timeout: float = 180, args: tuple[str, ...] = ()):
     """JupyterLab serving ``root`` with the project's settings; ``home`` holds its logs and
-    the per-user folders. Yields a ``LabServer``; stops it when the block ends."""
+    the per-user folders; ``args``: more command-line options. Yields a ``LabServer``;
+    stops it when the block ends."""
     home.mkdir(parents=True, exist_ok=True)
     port, token = free_port(), secrets.token_hex(16)
     log = home / "jupyterlab.log"
@@ -107,7 +108,7 @@ def lab_server(root: Path, home: Path, timeout: float = 180):
                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
                "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
                "--ServerApp.open_browser=False", "--allow-root",  # CI runs as root
-               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", *args]
     with open(log, "w") as log_file:
         process = subprocess.Popen(command, env=isolated_env(home), cwd=root, stdin=subprocess.DEVNULL,
                                    stdout=log_file, stderr=subprocess.STDOUT,

@@ -1,0 +1,90 @@
+"""Files written atomically (a private temporary file renamed into place, fsync'd, with
+the mode the umask gives a new file: ``tempfile`` alone would leave 0600), optionally
+named by their own content hash, and small helpers every writer shares."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+class DamagedTableError(RuntimeError):
+    """A table or data file does not match what it was written with (missing, extra or
+    altered files)."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()
+DIR_MODE = 0o777 & ~_umask()
+
+
+class _TempPath(type(Path())):
+    final: Path  # where the file went (set on success)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, content_named: bool = False) -> Iterator[Path]:
+    """Yield a private temporary path beside ``path``; on success rename it over ``path``.
+
+    With ``content_named``, the file goes to ``<stem>.<first 16 hex of its sha256><suffix>``
+    instead (``tmp.final`` says where). On any error the temporary file is removed and the
+    destination keeps its old content.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Hidden, and ending in the target's suffix so writers that check it (papermill) agree.
+    fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}",
+                                dir=path.parent)
+    os.close(fd)
+    tmp = _TempPath(name)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        final = path
+        if content_named:
+            final = path.with_name(f"{path.stem}.{sha256_of(tmp)[:16]}{path.suffix}")
+        os.chmod(tmp, FILE_MODE)
+        os.replace(tmp, final)
+        tmp.final = final
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def sha256_of(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(chunk):
+            h.update(block)  # releases the GIL for large blocks
+    return h.hexdigest()
+
+
+def fingerprint(obj: Any) -> str:
+    """A stable short hash of JSON-able inputs (parameters, ids)."""
+    blob = json.dumps(obj, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
