@@ -345,6 +345,44 @@ def active_suite(suite: Optional[str] = None) -> str:
     return suite or os.environ.get("RLPROBE_SUITE") or DEFAULT_SUITE
 
 
+def _load_checkpoints(folder: Path, models: dict, suite_file: Path) -> tuple[dict, dict]:
+    """Every <checkpoint>.yaml of the suite: steps by name, raw contents by name (their
+    models are added to ``models``)."""
+    steps: dict[str, int] = {}
+    ckpt_raw: dict[str, dict] = {}
+    for f in sorted(folder.glob("*.yaml")):
+        if f.name == SUITE_FILE:
+            continue
+        name = check_name(f.stem, "checkpoint", str(f))
+        data = _read_yaml(f)
+        _check_keys(data, CHECKPOINT_KEYS, f)
+        if name in models:
+            raise ParamsError(f"{f}: checkpoint {name!r} is also a model in {suite_file}")
+        if "model" not in data or "step" not in data:
+            raise ParamsError(f"{f}: a checkpoint file needs 'step' and 'model'")
+        steps[name] = _check_type(data["step"], int, f"{f}: key 'step'")
+        models[name] = _check_model(name, data["model"], str(f))
+        ckpt_raw[name] = data
+    return steps, ckpt_raw
+
+
+def _apply_overrides(raw: dict, sections: dict, applied: dict) -> dict:
+    """Apply notebook overrides to the sections (in place) and the roles; returns raw."""
+    for dotted, value in applied.items():
+        if dotted in ("target", "reference"):
+            raw = {**raw, dotted: value}
+            continue
+        section, _, key = dotted.partition(".")
+        if section not in SECTIONS or not key:
+            raise ParamsError(
+                f"override {dotted!r}: expected 'section.key' with section in {list(SECTIONS)}"
+            )
+        sections[section] = _build_section(
+            SECTIONS[section], {key: value}, "override", section, sections[section]
+        )
+    return raw
+
+
 def load(suite: Optional[str] = None, checkpoint: Optional[str] = None,
          overrides: Optional[dict[str, Any]] = None) -> Params:
     """Load and validate a suite's parameters (and one checkpoint's, when named).
@@ -372,21 +410,7 @@ def load(suite: Optional[str] = None, checkpoint: Optional[str] = None,
     models = {check_name(name, "model", str(suite_file)): _check_model(name, spec, str(suite_file))
               for name, spec in models_raw.items()}
 
-    steps: dict[str, int] = {}
-    ckpt_raw: dict[str, dict] = {}
-    for f in sorted(folder.glob("*.yaml")):
-        if f.name == SUITE_FILE:
-            continue
-        name = check_name(f.stem, "checkpoint", str(f))
-        data = _read_yaml(f)
-        _check_keys(data, CHECKPOINT_KEYS, f)
-        if name in models:
-            raise ParamsError(f"{f}: checkpoint {name!r} is also a model in {suite_file}")
-        if "model" not in data or "step" not in data:
-            raise ParamsError(f"{f}: a checkpoint file needs 'step' and 'model'")
-        steps[name] = _check_type(data["step"], int, f"{f}: key 'step'")
-        models[name] = _check_model(name, data["model"], str(f))
-        ckpt_raw[name] = data
+    steps, ckpt_raw = _load_checkpoints(folder, models, suite_file)
     if checkpoint is not None and checkpoint not in steps:
         raise ParamsError(
             f"checkpoint {checkpoint!r}: no {folder / (str(checkpoint) + '.yaml')}; "
@@ -414,18 +438,7 @@ def load(suite: Optional[str] = None, checkpoint: Optional[str] = None,
                     SECTIONS[name], ckpt_raw[checkpoint][name], str(ck_file), name, sections[name]
                 )
     applied = {k: v for k, v in (overrides or {}).items() if v is not None}
-    for dotted, value in applied.items():
-        if dotted in ("target", "reference"):
-            raw = {**raw, dotted: value}
-            continue
-        section, _, key = dotted.partition(".")
-        if section not in SECTIONS or not key:
-            raise ParamsError(
-                f"override {dotted!r}: expected 'section.key' with section in {list(SECTIONS)}"
-            )
-        sections[section] = _build_section(
-            SECTIONS[section], {key: value}, "override", section, sections[section]
-        )
+    raw = _apply_overrides(raw, sections, applied)
 
     for role in ("reference", "target"):
         name = raw.get(role)

@@ -141,20 +141,9 @@ class SequenceSet:
         }
 
 
-def build_sequences(rollouts: pd.DataFrame, problems, tokenizer,
-                    template: str = prompting.DEFAULT_TEMPLATE,
-                    rollout_ids: Iterable[str] | None = None, max_context: int | None = None,
-                    context_policy: str = "skip", progress: bool = True) -> SequenceSet:
-    """Forced sequences from a rollouts table (schemas.ROLLOUTS columns).
-
-    problems: a DataFrame with problem_id and problem, or a mapping id -> problem text.
-    rollout_ids: which rollouts (default all, in table order); unknown ids are refused.
-    max_context: the smallest context of the models to be forwarded (model_context());
-    longer sequences are skipped and counted (policy "skip") or refused ("error").
-    """
-    if context_policy not in CONTEXT_POLICIES:
-        raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, "
-                         f"got {context_policy!r}")
+def _requested(rollouts: pd.DataFrame, problems, rollout_ids) -> tuple[pd.DataFrame, list, dict]:
+    """The rollouts table indexed by id, the ids to force and the problem texts, after
+    refusing duplicate, unknown or problem-less rollouts."""
     need = {"rollout_id", "problem_id"}
     if missing := need - set(rollouts.columns):
         raise ValueError(f"rollouts table lacks columns {sorted(missing)}")
@@ -182,6 +171,24 @@ def build_sequences(rollouts: pd.DataFrame, problems, tokenizer,
     if missing_problems:
         raise KeyError(f"{len(missing_problems)} problems of the rollouts are missing from the "
                        f"problems table, e.g. {missing_problems[:5]}")
+    return table, wanted, problem_text
+
+
+def build_sequences(rollouts: pd.DataFrame, problems, tokenizer,
+                    template: str = prompting.DEFAULT_TEMPLATE,
+                    rollout_ids: Iterable[str] | None = None, max_context: int | None = None,
+                    context_policy: str = "skip", progress: bool = True) -> SequenceSet:
+    """Forced sequences from a rollouts table (schemas.ROLLOUTS columns).
+
+    problems: a DataFrame with problem_id and problem, or a mapping id -> problem text.
+    rollout_ids: which rollouts (default all, in table order); unknown ids are refused.
+    max_context: the smallest context of the models to be forwarded (model_context());
+    longer sequences are skipped and counted (policy "skip") or refused ("error").
+    """
+    if context_policy not in CONTEXT_POLICIES:
+        raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, "
+                         f"got {context_policy!r}")
+    table, wanted, problem_text = _requested(rollouts, problems, rollout_ids)
     ident = tokenizers.tokenizer_identity(tokenizer)
     prompt_cache: dict[str, list[int]] = {}
     sequences, skipped, empty = [], [], []
