@@ -49,6 +49,10 @@ from scipy import stats
 from .statistics import seed_from
 
 N_BOOT = 999
+# Below this many problems the bootstrap-t is unstable (a replicate that draws one problem
+# again and again has a near-zero spread, so t* explodes): the CR2 t interval, exact for
+# normal data and merely conservative otherwise, is used instead.
+MIN_PROBLEMS_BOOTSTRAP_T = 8
 
 
 def problem_codes(problems) -> tuple[np.ndarray, np.ndarray]:
@@ -132,7 +136,8 @@ def bootstrap_t_interval(num, den, counts: np.ndarray, alpha: float = 0.05) -> d
     cluster-robust standard error SE = sqrt(sum_g e_g^2) / sum_g den_g of its drawn
     problems (a problem drawn twice counts twice); the interval is R - q_97.5% SE ..
     R - q_2.5% SE. A replicate with no spread (its drawn problems all have the same ratio)
-    is scaled by the observed SE instead; no spread at all gives the point. Returns
+    is scaled by the observed SE instead; no spread at all gives the point. With fewer than
+    ``MIN_PROBLEMS_BOOTSTRAP_T`` problems the CR2 t interval is returned instead. Returns
     estimate, se, low, high, problems (floats for [G]).
     """
     num = np.asarray(num, dtype=np.float64)
@@ -157,6 +162,10 @@ def bootstrap_t_interval(num, den, counts: np.ndarray, alpha: float = 0.05) -> d
     point = se == 0
     low[point], high[point] = ratio[point], ratio[point]
     problems = (den != 0).sum(-1)
+    small = problems < MIN_PROBLEMS_BOOTSTRAP_T
+    if small.any():
+        cr2 = ratio_interval(num, den, alpha)
+        low, high = np.where(small, cr2["low"], low), np.where(small, cr2["high"], high)
     few = problems < 2  # one problem says nothing about the spread between problems
     se, low, high = (np.where(few, np.nan, x) for x in (se, low, high))
     out = {"estimate": ratio, "se": se, "low": low, "high": high, "problems": problems}

@@ -94,10 +94,10 @@ def test_replicate_interval_is_the_small_sample_t():
 
 def test_bootstrap_t_matches_a_loop_over_replicates():
     rng = np.random.default_rng(5)
-    sizes = rng.integers(1, 9, size=7).astype(float)
-    num = np.stack([sizes * rng.normal(size=7), sizes * rng.normal(size=7)])
+    sizes = rng.integers(1, 9, size=9).astype(float)
+    num = np.stack([sizes * rng.normal(size=9), sizes * rng.normal(size=9)])
     den = np.stack([sizes, sizes])
-    counts = clustered.bootstrap_counts(7, 400, seed=2)
+    counts = clustered.bootstrap_counts(9, 400, seed=2)
 
     def ratio_and_se(n, d):
         r = n.sum() / d.sum()
@@ -108,13 +108,25 @@ def test_bootstrap_t_matches_a_loop_over_replicates():
         ratio, se = ratio_and_se(num[k], den[k])
         t_star = []
         for row in counts:
-            drawn = np.repeat(np.arange(7), row.astype(int))  # duplicates count twice
+            drawn = np.repeat(np.arange(9), row.astype(int))  # duplicates count twice
             rep, rep_se = ratio_and_se(num[k][drawn], den[k][drawn])
             t_star.append((rep - ratio) / (rep_se if rep_se > 0 else se))
         q_low, q_high = np.quantile(t_star, [0.025, 0.975])
         assert got["low"][k] == pytest.approx(ratio - q_high * se, rel=1e-9)
         assert got["high"][k] == pytest.approx(ratio - q_low * se, rel=1e-9)
         assert got["se"][k] == pytest.approx(se, rel=1e-12)
+
+
+def test_few_problems_get_the_cr2_interval_not_an_exploding_bootstrap_t():
+    """With 3 problems a replicate often draws one problem three times: its spread is ~0
+    and t* explodes (seen on the demo: an interval reaching 2.6e6)."""
+    rng = np.random.default_rng(0)
+    sizes = np.array([5.0, 40.0, 12.0])
+    num = sizes * rng.normal(0.3, 0.2, size=3)
+    got = clustered.bootstrap_t_interval(num, sizes, clustered.bootstrap_counts(3, 999, seed=1))
+    want = clustered.ratio_interval(num, sizes)
+    assert (got["low"], got["high"]) == pytest.approx((want["low"], want["high"]), rel=1e-12)
+    assert np.isfinite(got["low"]) and got["high"] - got["low"] < 10
 
 
 def test_bootstrap_t_of_constant_values_is_the_point_and_one_problem_is_nan():
