@@ -75,6 +75,22 @@ tests = detect(TOKENS, q=q, min_effect=min_effect, divergence=divergence)
 summary(tests)
 
 # %% [markdown]
+# How much power the test has depends on how many contexts were forced: BH at level q
+# over m tests needs the smallest p-value below q / m before anything is called, and a
+# null read from the data cannot give p-values far below one over the number of
+# contexts it was fitted on. The smallest p-value of each checkpoint against that bar:
+
+# %%
+power = tests.groupby("checkpoint", sort=False).agg(
+    step=("step", "first"), tests=("n_tests", "first"), smallest_p=("p", "min"),
+    smallest_q=("q", "min"), spikes=("significant", "sum")).sort_values("step")
+power["bar (q / m)"] = q / power.tests
+print(f"{int((power.spikes > 0).sum())} of {len(power)} checkpoints have a spike; the smallest "
+      f"p-value over all is {power.smallest_p.min():.2g} against a bar of "
+      f"{power['bar (q / m)'].min():.2g}.")
+power
+
+# %% [markdown]
 # The same rate in the contrast groups: the reference's wrong rollouts of the selected
 # problems (`target`), its right rollouts of the same problems (`ref_right`) and the
 # rollouts of the control problems (`control`). A spike rate that is no higher in the
@@ -162,6 +178,15 @@ views.show(charts.new_persistent_chart(per_step, accuracy=accuracy),
 
 # %%
 table.top_spikes(spikes, n=n_top)
+
+# %% [markdown]
+# What the detector ranks highest at the last checkpoint, spike or not: the contexts with
+# the smallest p-values, with the q-value that says how far each is from significance.
+# Where nothing is significant these are the candidates a larger suite would test with
+# more power; chapter 06 then shows the strongest departures, labelled as such.
+
+# %%
+table.strongest_departures(tests, n=n_top)
 
 # %% [markdown]
 # Adjacent spikes merged into regions of text, for the case studies of chapter 06.

@@ -25,7 +25,10 @@
 # checkpoint: the strongest persistent spike of each of the most frequent categories, the
 # spike with the earliest onset, a random spike (seeded), and a quiet control position whose
 # reference entropy matches a chosen spike's, so an unremarkable token of the same
-# uncertainty is there to compare.
+# uncertainty is there to compare. Where no spike reached significance (small suites have
+# little power; chapter 05 shows how far each checkpoint's smallest p-value is from the
+# bar), the strongest departures by symmetric KL stand in for the spikes, labelled as
+# departures in the table and in every caption.
 
 # %%
 from IPython.display import HTML, display
@@ -70,6 +73,7 @@ print(f"suite {P.suite!r}: {len(tokens):,} token rows, {len(SPIKES):,} spike row
 
 # %%
 choices = case_studies.select_cases(tokens, SPIKES, rule)
+print(", ".join(f"{n} {kind} case(s)" for kind, n in choices.kind.value_counts().items()))
 choices
 
 # %% [markdown]

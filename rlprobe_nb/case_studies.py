@@ -8,6 +8,11 @@ checkpoint and in one group of rollouts:
    in each of the ``n_categories`` most frequent categories (ties: category name);
 2. the spike with the earliest onset step (ties: the stronger);
 3. ``n_random`` spikes drawn with the seed among those not yet chosen;
+When no spike qualifies (nothing reached significance, as on small suites), items 1–3
+are replaced by the ``n_categories + n_random`` strongest *departures* of the final
+checkpoint by symmetric KL (one per rollout, first and EOS tokens left out), labelled as
+departures and never as spikes.
+
 4. ``n_controls`` quiet positions: never a spike at any step, |Δlogp| at most the median,
    not a first or EOS token, whose reference entropy is nearest that of a chosen spike
    (the seed picks among the ``control_pool`` nearest), so a reader can see what an
@@ -48,7 +53,7 @@ class CaseRule:
 @dataclass
 class Case:
     number: int
-    kind: str  # "spike" | "control"
+    kind: str  # "spike" | "departure" | "control"
     reason: str
     rollout_id: str
     problem_id: str
@@ -81,6 +86,8 @@ def _in_group(df: pd.DataFrame, group: str | None) -> pd.DataFrame:
 
 def _spike_candidates(spikes: pd.DataFrame, final: str, rule: CaseRule) -> pd.DataFrame:
     sp = significant(spikes)
+    if sp.empty:
+        return sp.assign(strength=[], tiebreak=[], category=[])
     sp = _in_group(sp[sp.checkpoint == final], rule.group)
     if "first_token" in sp.columns:  # a first token's prediction depends on the prompt alone
         sp = sp[~sp.first_token.astype(bool)]
@@ -114,6 +121,21 @@ def _quiet_positions(tokens: pd.DataFrame, spikes: pd.DataFrame, final: str, gro
     return rows[keep].sort_values(["rollout_id", "pos"]).reset_index(drop=True)
 
 
+def _pick_departures(chosen: list[dict], tokens: pd.DataFrame, final: str, rule: CaseRule) -> None:
+    """The strongest departures by KL(ref‖ckpt) + KL(ckpt‖ref), one per rollout: the
+    stand-ins for spikes when none reached significance."""
+    rows = _in_group(tokens[tokens.checkpoint == final], rule.group)
+    keep = np.ones(len(rows), dtype=bool)
+    for flag in ("first_token", "is_eos"):
+        if flag in rows.columns:
+            keep &= ~rows[flag].to_numpy(bool)
+    rows = rows[keep].assign(strength=lambda d: d.kl_ref_ckpt.astype(np.float64) + d.kl_ckpt_ref)
+    rows = rows.sort_values(["strength", "rollout_id", "pos"], ascending=[False, True, True])
+    for i, (_, row) in enumerate(rows.drop_duplicates("rollout_id").head(rule.n_categories + rule.n_random).iterrows()):
+        _pick(chosen, row, "departure", f"departure {i + 1} by symmetric KL (no spike reached "
+              "significance at any step)")
+
+
 def select_cases(tokens: pd.DataFrame, spikes: pd.DataFrame, rule: CaseRule = CaseRule()) -> pd.DataFrame:
     """The cases ``rule`` picks: one row each (case, kind, reason, rollout_id, problem_id,
     pos, matched_to), in the order of the rule's items."""
@@ -138,6 +160,8 @@ def select_cases(tokens: pd.DataFrame, spikes: pd.DataFrame, rule: CaseRule = Ca
         cand = _untaken(sp, chosen)
         if len(cand):
             _pick(chosen, cand.iloc[int(rng.integers(len(cand)))], "spike", f"a random spike (seed {rule.seed})")
+    if not chosen:
+        _pick_departures(chosen, tokens, final, rule)
     spike_cases = list(chosen)
     quiet = _quiet_positions(tokens, spikes, final, rule.group)
     final_rows = tokens[tokens.checkpoint == final].set_index(["rollout_id", "pos"])

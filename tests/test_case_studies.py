@@ -230,6 +230,7 @@ def run_draft_notebook(name: str, tmp_path, monkeypatch) -> dict:
                                      steps=dict(P.steps), suite=P.suite)
     monkeypatch.setattr(suite_tables, "read_tokens", lambda P, pairs=None, columns=None: data["tokens"])
     monkeypatch.setattr(suite_keys, "read_current", lambda P, table: (data[table], "sha-of-" + table))
+    monkeypatch.setattr(suite_tables, "read_derived", lambda P, table: data[table])
     monkeypatch.setattr(storage, "read_table", lambda folder, *a, **k: data[paths.Path(folder).name])
     tokenizer = types.SimpleNamespace(decode=lambda ids: "".join(synthetic.decode(i) for i in ids))
     monkeypatch.setattr(models, "load_tokenizer", lambda name, P: tokenizer)
@@ -246,3 +247,21 @@ def test_draft_notebook_06_on_synthetic_tables(tmp_path, monkeypatch):
     assert len(ns["cases"]) == len(ns["choices"]) >= 4
     page = (tmp_path / "figures" / ns["P"].suite / "case_studies.html").read_text(encoding="utf-8")
     assert page.count('class="rp-case"') == len(ns["cases"]) and "<script" not in page
+
+
+def test_without_spikes_the_strongest_departures_stand_in_labelled_as_such(suite):
+    tokens, no_spikes = suite["tokens"], suite["spikes"].iloc[0:0]
+    rule = cs.CaseRule(n_categories=2, n_random=1, n_controls=1, seed=3)
+    got = cs.select_cases(tokens, no_spikes, rule)
+    stand_ins = got[got.kind == "departure"]
+    assert len(stand_ins) == 3 and stand_ins.rollout_id.is_unique
+    assert (got.kind == "control").sum() == 1 and not (got.kind == "spike").any()
+    final = tokens[(tokens.checkpoint == FINAL) & (tokens.group == "target") & ~tokens.first_token
+                   & ~tokens.is_eos]
+    strength = final.kl_ref_ckpt + final.kl_ckpt_ref
+    first = stand_ins.iloc[0]
+    assert strength[(final.rollout_id == first.rollout_id) & (final.pos == first.pos)].iloc[0] == strength.max()
+    cases = cs.build_cases(got, tokens, no_spikes, suite["problems"], suite["rollouts"], suite["answers"])
+    page = case_page.case_studies_page(cases, shared_scale(tokens), synthetic.decode, no_spikes)
+    assert page.count("strongest departures by symmetric KL") == 3
+    assert "flags it as a spike" not in page

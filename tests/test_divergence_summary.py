@@ -364,7 +364,8 @@ TABLE_NAMES = {"when": "divergence_when", "per_problem": "divergence_per_problem
 def test_aggregates_are_written_with_their_schemas(which, request, tmp_path, monkeypatch):
     monkeypatch.setenv("RLPROBE_OUT", str(tmp_path))
     t = request.getfixturevalue(which)
-    params = SimpleNamespace(suite="synthetic", files=[], as_dict=lambda: {"suite": "synthetic"})
+    params = SimpleNamespace(suite="synthetic", files=[], as_dict=lambda: {"suite": "synthetic"},
+                             checkpoints=[], reference="dpo")  # no token tables: key has none
     folders = ds.write_aggregates(params, {TABLE_NAMES[k]: t[k] for k in TABLE_NAMES}, seed=0)
     assert len(folders) == len(TABLE_NAMES)
     for key, name in TABLE_NAMES.items():

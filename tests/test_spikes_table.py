@@ -3,6 +3,8 @@ refusals of tables it cannot test."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -88,3 +90,26 @@ def test_detect_refuses_what_it_cannot_test(three_steps):
         detect(pd.concat([tokens.iloc[:10], tokens.iloc[:10]]))
     with pytest.raises(ValueError, match="two problems"):
         detect(tokens.assign(problem_id="one"))
+
+
+def test_no_spike_at_any_step_gives_empty_tables_and_charts(three_steps, tmp_path):
+    """A suite where nothing reaches significance (the honest result on small data) must
+    still write its tables and draw its charts, saying that there is nothing to show."""
+    from rlprobe_nb import views
+    from rlprobe_nb.spikes import across_steps, charts
+
+    tokens, tests, _, _ = three_steps
+    none = tests.assign(significant=False)
+    spikes, spans = table.spikes_table(tokens, none)
+    assert spikes.empty and spans.empty
+    storage.write_table(tmp_path / "spikes", table.to_schema(spikes, suite="synthetic"),
+                        schemas.SPIKES, {"suite": "synthetic"})
+    storage.write_table(tmp_path / "regions", table.to_schema(spans, "spike_regions"),
+                        schemas.SPIKE_REGIONS, {"suite": "synthetic"})
+    assert table.top_spikes(spikes).empty
+    per_step = across_steps.new_persistent_per_step(spikes)
+    for chart in (charts.raster_chart(spikes), charts.onset_heatmap(spikes),
+                  charts.new_persistent_chart(per_step)):
+        assert re.search(r"no (persistent )?spike", views.show(chart).data)
+    strongest = table.strongest_departures(none, n=5)
+    assert len(strongest) == 5 and strongest.p.is_monotonic_increasing

@@ -152,7 +152,7 @@ def test_changed_pairs_compute_the_new_pair_and_reuse_the_rest(suite):
             pairs=[["rlvr_step_1200", "dpo"], ["dpo", "rlvr_step_1200"]]))):
         ok, text = run(suite, "03_teacher_forcing")
     assert ok, text[-2500:]
-    assert "reusing" in text and "pair:" in text
+    assert "reusing" in text and "pair:" in text, text
     folder = Path(suite["env"]["RLPROBE_OUT"]) / "data" / "mini" / "tokens" / "dpo__vs__rlvr_step_1200"
     assert storage.is_complete(folder)
 

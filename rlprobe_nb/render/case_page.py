@@ -118,6 +118,9 @@ def caption_html(case: Case, decode: Decoder) -> str:
     if case.kind == "control":
         verdict = (f"A quiet control: never a spike at any step, chosen because its reference entropy is close "
                    f"to that of case {case.matched_to}.")
+    elif case.kind == "departure":
+        verdict = ("Chosen as one of the strongest departures by symmetric KL: the detector found no "
+                   "spike at any step, so this is a large change, not a significant one.")
     elif not _is_spike(spike):
         verdict = "Not a spike at the final checkpoint."
     else:

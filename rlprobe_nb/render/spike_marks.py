@@ -28,7 +28,7 @@ def field(record, name: str, default=None):
 
 def significant(spikes: pd.DataFrame | None) -> pd.DataFrame:
     """The rows that are spikes at their checkpoint."""
-    if spikes is None or spikes.empty:
+    if spikes is None:
         return pd.DataFrame(columns=["checkpoint", "rollout_id", "pos"])
     return spikes[spikes["significant"].astype(bool)] if "significant" in spikes.columns else spikes
 

@@ -36,8 +36,11 @@ def onsets(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (context, written token): onset_step (<NA> when none), persistence,
     first_step (first step it is a spike), n_spike_steps. ``rows`` as ``series`` returns
     them; a pair missing at a step counts as not a spike there."""
-    steps = np.sort(rows.step.unique())
     keys = rows[KEY].drop_duplicates().reset_index(drop=True)
+    if rows.empty:  # nothing was a spike at any step
+        return keys.assign(onset_step=pd.array([], dtype="Int64"), persistence=pd.Series([], dtype=object),
+                           first_step=pd.Series([], dtype=rows.step.dtype), n_spike_steps=0)
+    steps = np.sort(rows.step.unique())
     where = pd.MultiIndex.from_frame(keys)
     idx = where.get_indexer(pd.MultiIndex.from_frame(rows[KEY]))
     col = np.searchsorted(steps, rows.step.to_numpy())

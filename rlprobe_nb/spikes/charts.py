@@ -17,6 +17,14 @@ def _sign_scale():
     return alt.Scale(domain=list(SIGN_COLOURS), range=list(SIGN_COLOURS.values()))
 
 
+def nothing_to_show(title: str, message: str = "no spike reached significance at any step"):
+    """A chart that says, in words, that there is nothing to draw (rather than a blank)."""
+    import altair as alt
+
+    return alt.Chart(pd.DataFrame({"text": [message]}), title=title).mark_text(
+        fontSize=13, color="#555").encode(text="text:N").properties(width=480, height=60)
+
+
 def pvalues_by_label(**tests: pd.DataFrame) -> pd.DataFrame:
     """One p-value per tested context (columns label, p) from ``detect`` outputs given as
     label=tests (labels with spaces: pass a dict with **)."""
@@ -77,6 +85,8 @@ def raster_chart(spikes: pd.DataFrame, max_rollouts: int = 30):
     import altair as alt
 
     at = spikes[spikes.significant]
+    if at.empty:
+        return nothing_to_show("spikes by position and step")
     keep = at.groupby("rollout_id").size().nlargest(max_rollouts).index
     df = at[at.rollout_id.isin(keep)][["step", "rollout_id", "pos", "divergence", "sign",
                                        "token", "dlogp"]].assign(
@@ -127,6 +137,9 @@ def onset_heatmap(spikes: pd.DataFrame, n: int = 40):
     import altair as alt
 
     df = onset_frame(spikes, n)
+    if df.empty:
+        return nothing_to_show("persistent spikes ordered by onset",
+                               "no persistent spike: nothing to order by onset")
     order = df.drop_duplicates("label").sort_values("rank").label.tolist()
     lim = float(np.nanmax(np.abs(df.dlogp))) if len(df) else 1.0
     base = alt.Chart(df, title="persistent spikes ordered by onset").encode(
@@ -154,6 +167,8 @@ def new_persistent_chart(per_step: pd.DataFrame, accuracy: pd.DataFrame | None =
     bars = alt.Chart(per_step, title="new persistent spikes per step").mark_bar(size=14).encode(
         x=x, y=alt.Y("new_persistent:Q", title="new persistent spikes (contexts)"),
         color=colour, tooltip=list(per_step.columns)).properties(width=480, height=180)
+    if per_step.empty:
+        bars = nothing_to_show("new persistent spikes per step", "no persistent spike at any step")
     if accuracy is None:
         return bars
     line = alt.Chart(accuracy, title="accuracy").mark_line(point=True).encode(

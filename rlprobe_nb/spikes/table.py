@@ -78,6 +78,24 @@ def to_schema(rows: pd.DataFrame, schema_name: str = "spikes",
     return out[schema.names].reset_index(drop=True)
 
 
+def strongest_departures(tests: pd.DataFrame, n: int = 12, step: int | None = None,
+                         group: str | None = "target") -> pd.DataFrame:
+    """The ``n`` contexts with the smallest p-values at ``step`` (default: the last), of
+    ``group`` where the tests carry groups, first response tokens left out, whether or not
+    they are spikes: what the detector ranks highest, with the q-value that says how far
+    each is from significance."""
+    step = tests.step.max() if step is None else step
+    at = tests[tests.step == step]
+    if group is not None and "group" in at and (at.group == group).any():
+        at = at[at.group == group]
+    if "first_token" in at:
+        at = at[~at.first_token.astype(bool)]
+    at = at.sort_values(["p", "statistic"], ascending=[True, False]).drop_duplicates("context_id")
+    cols = ["problem_id", "rollout_id", "pos", "token", "sign", "dlogp", "divergence",
+            "rank_ref", "rank_ckpt", "statistic", "p", "q", "significant"]
+    return at[[c for c in cols if c in at]].head(n).reset_index(drop=True)
+
+
 def top_spikes(spikes: pd.DataFrame, n: int = 12, step: int | None = None) -> pd.DataFrame:
     """The ``n`` strongest spikes at ``step`` (default: the last), first response tokens
     left out (they depend on the prompt alone), with what each model wanted there."""
