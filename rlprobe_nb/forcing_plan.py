@@ -183,11 +183,16 @@ def run_cached_pairs(P: Params, seqs: forcing.SequenceSet, rollouts_sha: str,
     """Every extra pair that can run now, from the two caches: no forward of a checkpoint."""
     done = []
     for a, b in extra_pairs(P):
-        # Checkpoints are forwarded only by their own run of 03; wait for both caches.
-        if not all(is_cached(P, m, seqs) for m in (a, b) if m in P.steps):
+        # Another checkpoint is forwarded only by its own run of 03: wait for its cache.
+        if not all(is_cached(P, m, seqs) for m in (a, b) if m in P.steps and m != P.checkpoint):
             continue
-        for name in (a, b):
-            if name not in P.steps:
+        folder = forcing.pair_dir(P.suite, a, b)
+        if storage.plan_reuse(folder, table_key(P, seqs, a, b, rollouts_sha), overwrite):
+            print(f"reusing {folder}: complete, same inputs")
+            done.append(folder)
+            continue
+        for name in (a, b):  # this checkpoint's own table may have been reused: no forward yet
+            if name not in P.steps or name == P.checkpoint:
                 ensure_cached(P, name, seqs)
         done.append(forcing.compare_cached(
             seqs, _side(P, a), _side(P, b), forcing.pair_dir(P.suite, a, b),
