@@ -6,7 +6,11 @@ tokens at positions [0, n) (left-aligned, no padding), and its own position, see
 and temperature. A decode step forwards one token per slot, written at the slot's own
 position, under a 4D additive mask that lets slot b see its positions [0, pos_b]; the
 model's attention reaches the buffers through a duck-typed cache (``SlotCache.update``,
-the one method HF attention layers call). When a sequence ends (EOS, or its token budget)
+the one method HF attention layers call) and runs through the book's own attention
+function (registered with HF's ``AttentionInterface`` for the loop's duration): one SDPA
+call per layer in which the query heads that share a key/value head attend together, so
+the buffers are read once and never copied per head; a prompt attends causally to
+itself. When a sequence ends (EOS, or its token budget)
 its slot takes the next waiting request at once: the prompt is prefilled alone (batch 1,
 so its keys and values depend on no other prompt), once for the waiting requests that
 share it (a problem's samples), copied into their slots, and each slot's first token is
@@ -46,6 +50,7 @@ from . import sampling
 
 SLOT_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
 SPAN_STEP = 64  # attention spans and buffer lengths are multiples of this
+SLOT_ATTENTION = "rlprobe_slots"
 
 
 @dataclass(frozen=True)
@@ -68,9 +73,27 @@ def uses_slots(model) -> bool:
     cfg = model.config
     params = inspect.signature(model.forward).parameters
     return (getattr(cfg, "model_type", None) in SLOT_MODEL_TYPES
-            and getattr(cfg, "_attn_implementation", "sdpa") in ("sdpa", "eager")
             and not getattr(cfg, "sliding_window", None)
             and ("cache" in params or "past_key_values" in params))
+
+
+def slot_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                   scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention in HF's ``AttentionInterface`` form. Decode (one query per slot): the
+    query heads of each key/value head attend together under the slots' mask. Prefill
+    (one prompt): causal over the prompt itself."""
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    batch, heads, length, dim = query.shape
+    groups = heads // key.shape[1]
+    if length == 1:
+        packed = query.reshape(batch, key.shape[1], groups, dim)
+        out = sdpa(packed, key, value, attn_mask=attention_mask, scale=scaling)
+        out = out.reshape(batch, heads, 1, dim)
+    else:
+        out = sdpa(query, key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1)
+    return out.transpose(1, 2).contiguous(), None
 
 
 class SlotCache:
@@ -338,7 +361,16 @@ def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
         else:
             _hf_generate(model, queue, size, eos, pad, results, on_result)
 
-    find_executable_batch_size(attempt, starting_batch_size=start)()
+    previous = model.config._attn_implementation
+    if uses_slots(model):
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(SLOT_ATTENTION, slot_attention)
+        model.config._attn_implementation = SLOT_ATTENTION
+    try:
+        find_executable_batch_size(attempt, starting_batch_size=start)()
+    finally:
+        model.config._attn_implementation = previous
     return [results[i] for i in range(len(requests))]
 
 
