@@ -120,6 +120,10 @@ def _worker(task: Callable[[list, Any], None], items: list) -> None:
     PartialState._reset_state()
     os.environ[PROCESSES_ENV] = "1"  # a sharded call inside a worker runs in the worker
     state = PartialState(cpu=not torch.cuda.is_available())
+    if state.device.type == "cuda":
+        torch.cuda.set_device(state.device)  # "cuda" means this worker's own GPU
+    # the host's cores shared among the workers, not each worker on all of them
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
     try:
         with state.split_between_processes(items) as share:
             task(list(share), state)
@@ -164,9 +168,15 @@ def run_pair(seqs, names: tuple[str, str], out_dir, load: Callable[[], tuple], *
     folder of each side the workers forward (the coordinator takes its lock and writes its
     index). ``out_dir=None`` fills the caches only (``forward_to_cache``). provenance: the
     manifest's base, or a function that returns it once the models are loaded. The other
-    arguments are ``run_pair``'s. Returns the table folder (None without a table)."""
+    arguments are ``run_pair``'s, except that ``compile_body=None`` means eager layers here
+    (the same table for any number of workers). Returns the table folder (None without a table)."""
     from . import forcing, schemas, storage
 
+    if engine.get("compile_body") is None:
+        # Eager decoder layers unless asked for: compiled (autotuned) kernels differ between
+        # processes, so the table would depend on how many workers ran and where; and each
+        # worker would compile again (measured: benchmarks/RESULTS.md)
+        engine["compile_body"] = False
     kw = dict(batch_tokens=batch_tokens, max_sequences=max_sequences, topk=topk, key=key,
               overwrite=overwrite, suite=suite, **engine)
     n = processes() if workers is None else int(workers)
@@ -196,9 +206,10 @@ def run_pair(seqs, names: tuple[str, str], out_dir, load: Callable[[], tuple], *
 
         def task(share, state):
             ckpt, ref = load()
+            index = state.process_index if state is not None else 0  # None: ran here
             mine = forcing.Share(frozenset(r for batch in share for r in batch),
-                                 saves_heads=state.process_index == 0,
-                                 facts_file=facts_dir / f"_share-{state.process_index:03d}.json")
+                                 saves_heads=index == 0,
+                                 facts_file=facts_dir / f"_share-{index:03d}.json")
             forcing.run_pair(seqs, ckpt, ref, out_dir, progress=False, share=mine, **kw)
 
         start = time.perf_counter()

@@ -49,7 +49,7 @@ def _two_workers(monkeypatch):
 def _tokenizer():
     folder = os.environ.get("RLPROBE_TEST_TOKENIZER")
     if folder:
-        return AutoTokenizer.from_pretrained(folder)
+        return models._finish_tokenizer(AutoTokenizer.from_pretrained(folder))
     P = params.load("demo")
     return models.load_tokenizer(P.reference, P)
 
@@ -84,6 +84,20 @@ def _rollouts(world, out: Path) -> pd.DataFrame:
         key={"test": "sharding", "device": DEVICE})
 
 
+def _single(fn) -> None:
+    """``fn()`` in one process. On GPUs, in a forked child: a process that has initialized
+    CUDA cannot start workers any more, and the later tests need this one to."""
+    if DEVICE != "cuda":
+        fn()
+        return
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=fn)
+    child.start()
+    child.join()
+    assert child.exitcode == 0, f"the single-process run failed ({child.exitcode})"
+
+
 def _in_order(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return df.sort_values(by).reset_index(drop=True)
 
@@ -115,11 +129,9 @@ def _kill_rank_1_at_its_second(monkeypatch, module, name: str, flag: Path) -> No
 
 
 def test_rollouts_two_processes_equal_one_and_survive_a_killed_rank(world, tmp_path, monkeypatch):
-    monkeypatch.setenv(distributed.PROCESSES_ENV, "1")
-    one = _rollouts(world, tmp_path / "one")
-    monkeypatch.setenv(distributed.PROCESSES_ENV, "2")
+    # the single process last: on GPUs it initializes CUDA here, after which this
+    # process can start no workers
     two = _rollouts(world, tmp_path / "two")
-    _same_rollouts(one, two)
     assert storage.read_manifest(tmp_path / "two")["rows"] == len(two)
 
     flag = tmp_path / "killed.flag"
@@ -129,7 +141,10 @@ def test_rollouts_two_processes_equal_one_and_survive_a_killed_rank(world, tmp_p
             _rollouts(world, tmp_path / "killed")
     assert flag.exists(), "rank 1 was never killed"
     again = _rollouts(world, tmp_path / "killed")
-    _same_rollouts(one, again)
+    _same_rollouts(two, again)
+    monkeypatch.setenv(distributed.PROCESSES_ENV, "1")
+    _single(lambda: _rollouts(world, tmp_path / "one"))
+    _same_rollouts(storage.read_table(tmp_path / "one"), two)
 
 
 def _sequences(world, rollouts_df: pd.DataFrame) -> forcing.SequenceSet:
@@ -163,13 +178,9 @@ def _same_tokens(a: pd.DataFrame, b: pd.DataFrame) -> None:
 
 def test_token_table_two_processes_equal_one_and_survive_a_killed_rank(world, tmp_path,
                                                                       monkeypatch):
-    monkeypatch.setenv(distributed.PROCESSES_ENV, "1")
     seqs = _sequences(world, _rollouts(world, tmp_path / "rollouts"))
     assert len(seqs) == 16
-    one = _force(world, seqs, tmp_path / "one", workers=1)
-    monkeypatch.setenv(distributed.PROCESSES_ENV, "2")
-    two = _force(world, seqs, tmp_path / "two", workers=2)
-    _same_tokens(one, two)
+    two = _force(world, seqs, tmp_path / "two", workers=2)  # 2 first: see the test above
     manifest = storage.read_manifest(tmp_path / "two")
     assert manifest["engine"]["processes"] == 2 and manifest["rows"] == len(two)
 
@@ -180,4 +191,7 @@ def test_token_table_two_processes_equal_one_and_survive_a_killed_rank(world, tm
             _force(world, seqs, tmp_path / "killed", workers=2)
     assert flag.exists(), "rank 1 was never killed"
     again = _force(world, seqs, tmp_path / "killed", workers=2)
-    _same_tokens(one, again)
+    _same_tokens(two, again)
+    monkeypatch.setenv(distributed.PROCESSES_ENV, "1")
+    _single(lambda: _force(world, seqs, tmp_path / "one", workers=1))
+    _same_tokens(storage.read_table(tmp_path / "one"), two)
