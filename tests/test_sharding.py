@@ -128,6 +128,7 @@ def _kill_rank_1_at_its_second(monkeypatch, module, name: str, flag: Path) -> No
     monkeypatch.setattr(module, name, wrapped)
 
 
+@pytest.mark.slow  # about a minute each on 2 CPU cores
 def test_rollouts_two_processes_equal_one_and_survive_a_killed_rank(world, tmp_path, monkeypatch):
     # the single process last: on GPUs it initializes CUDA here, after which this
     # process can start no workers
@@ -176,6 +177,7 @@ def _same_tokens(a: pd.DataFrame, b: pd.DataFrame) -> None:
         assert diff <= 1e-5, c
 
 
+@pytest.mark.slow  # about a minute each on 2 CPU cores
 def test_token_table_two_processes_equal_one_and_survive_a_killed_rank(world, tmp_path,
                                                                       monkeypatch):
     seqs = _sequences(world, _rollouts(world, tmp_path / "rollouts"))
@@ -195,3 +197,43 @@ def test_token_table_two_processes_equal_one_and_survive_a_killed_rank(world, tm
     monkeypatch.setenv(distributed.PROCESSES_ENV, "1")
     _single(lambda: _force(world, seqs, tmp_path / "one", workers=1))
     _same_tokens(storage.read_table(tmp_path / "one"), two)
+
+
+def test_several_checkpoints_are_spread_over_the_workers(tmp_path, monkeypatch):
+    """``forcing_plan.force_checkpoints``: the reference's cache made once, in the
+    coordinator, for the checkpoints' common sequences; each checkpoint whose table is not
+    complete forced exactly once, by one of the 2 workers; complete ones skipped. (The
+    forcing itself is stubbed: the tests above cover it.)"""
+    from rlprobe_nb import forcing_plan
+
+    P = params.load("demo", "rlvr_step_1200")
+    names = ["rlvr_step_100", "rlvr_step_200", "rlvr_step_400", "rlvr_step_800"]
+    done_already = "rlvr_step_200"
+    log = tmp_path / "log"
+    log.mkdir()
+    cached = []
+
+    class Seqs:
+        def fingerprint(self):
+            return "the same rollouts for every checkpoint"
+
+    monkeypatch.setattr(forcing_plan, "choose", lambda rollouts, selection, Pc: None)
+    monkeypatch.setattr(forcing_plan, "sequences", lambda Pc, chosen, problems: Seqs())
+    monkeypatch.setattr(forcing_plan, "table_key", lambda *args: {"test": 1})
+    monkeypatch.setattr(forcing_plan.storage, "plan_reuse",
+                        lambda out, key, overwrite: done_already in Path(out).name)
+    monkeypatch.setattr(forcing_plan, "ensure_cached",
+                        lambda Pc, name, seqs: cached.append(name))
+
+    def run_checkpoint(Pc, seqs, ckpt, rollouts_sha, overwrite):
+        (log / f"{Pc.checkpoint}.{os.getpid()}").write_text(rollouts_sha)
+
+    monkeypatch.setattr(forcing_plan, "run_checkpoint", run_checkpoint)
+    forced = forcing_plan.force_checkpoints(P, names, None, None, None, "sha")
+    want = [n for n in names if n != done_already]
+    assert forced == want
+    assert cached == [P.reference]
+    runs = sorted(f.name for f in log.iterdir())
+    assert sorted(r.split(".")[0] for r in runs) == sorted(want)
+    assert len({r.split(".")[1] for r in runs}) == 2, runs  # both workers forced some
+    assert str(os.getpid()) not in {r.split(".")[1] for r in runs}
