@@ -38,13 +38,14 @@ from rlprobe_nb import forcing, forcing_plan, models, params, paths, render, sto
 # %% tags=["parameters"]
 suite = None
 checkpoint = "rlvr_step_1200"
+checkpoints = None
 max_rollouts = None
 batch_tokens = None
 overwrite = False
 
 # %%
-params.check_notebook_parameters(globals().get("In", []),
-                                 ["suite", "checkpoint", "max_rollouts", "batch_tokens", "overwrite"])
+params.check_notebook_parameters(globals().get("In", []), [
+    "suite", "checkpoint", "checkpoints", "max_rollouts", "batch_tokens", "overwrite"])
 P = params.load(suite, checkpoint, overrides={"forcing.max_rollouts": max_rollouts,
                                               "forcing.batch_tokens": batch_tokens})
 OUT = forcing.pair_dir(P.suite, P.checkpoint, P.reference)
@@ -82,15 +83,21 @@ CHOSEN.groupby(["group", "temperature"]).size().unstack(fill_value=0)
 # written in atomic shards, so an interrupted run resumes where it stopped. A complete
 # table computed from the same inputs is reused without loading a model; one computed
 # from other inputs is refused, naming what changed (`-p overwrite True` recomputes it).
+#
+# With several GPUs, the batches are shared among one worker process per GPU, and
+# `checkpoints` (a list, which the book passes on a host with several GPUs) forces those
+# checkpoints at once, one per GPU at a time, before this one's table is read.
 
 # %%
+if checkpoints:
+    forcing_plan.force_checkpoints(P, checkpoints, ROLLOUTS, SELECTION, PROBLEMS, ROLLOUTS_SHA,
+                                   overwrite)
 SEQS = forcing_plan.sequences(P, CHOSEN, PROBLEMS)
 KEY = forcing_plan.table_key(P, SEQS, P.checkpoint, P.reference, ROLLOUTS_SHA)
 if storage.plan_reuse(OUT, KEY, overwrite):
     print(f"reusing {OUT}: complete, same inputs (key {storage.read_manifest(OUT)['key_sha']})")
 else:
-    forcing_plan.run_checkpoint(P, SEQS, models.load_model(P.checkpoint, P), ROLLOUTS_SHA,
-                                overwrite)
+    forcing_plan.run_checkpoint(P, SEQS, None, ROLLOUTS_SHA, overwrite)
 print(f"{P.checkpoint} vs {P.reference}: {storage.read_manifest(OUT)['rows']} rows in {OUT}")
 
 # %% [markdown]

@@ -9,6 +9,12 @@ checkpoint), each executed notebook and its HTML export under figures/<suite>/.
 
 Notebooks skip work whose tables are already complete, so a second run is quick.
 
+Several GPUs: the sharded stages (sampling in 01/02, teacher forcing in 03) start one
+worker process per GPU (``distributed``); the first run of 03 forces every checkpoint at
+once, one per GPU at a time, and the later ones reuse the tables. From a shell,
+``accelerate launch --multi_gpu --num_processes N -m rlprobe_nb.book ...`` does the same:
+rank 0 runs the book with N workers per stage, the other ranks exit.
+
 A run that fails keeps its executed notebook, traceback included, as
 ``figures/<suite>/<stem>.FAILED.ipynb`` (and ``.FAILED.html``) beside the last good output,
 which it never replaces; the book stops there and exits with status 1.
@@ -32,7 +38,7 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 
-from . import params, paths
+from . import distributed, params, paths
 
 PER_CHECKPOINT = "03_teacher_forcing"
 
@@ -64,8 +70,11 @@ def runs(P: params.Params, only: list[str] | None = None,
         if overwrite and "overwrite" in declared:
             base["overwrite"] = True
         if nb.stem == PER_CHECKPOINT:
-            for ckpt in P.checkpoints:
-                out.append((nb, {**base, "checkpoint": ckpt}, f"{nb.stem}__{ckpt}"))
+            for i, ckpt in enumerate(P.checkpoints):
+                spread = i == 0 and "checkpoints" in declared and len(P.checkpoints) > 1 \
+                    and distributed.processes() > 1
+                extra = {"checkpoints": P.checkpoints} if spread else {}
+                out.append((nb, {**base, "checkpoint": ckpt, **extra}, f"{nb.stem}__{ckpt}"))
         else:
             out.append((nb, base, nb.stem))
     return out
@@ -250,6 +259,22 @@ def prepare() -> None:
     print(f"demo model ready: {path}")
 
 
+def launched_rank() -> int:
+    """Under ``accelerate launch``/torchrun (several processes, each running this module):
+    this process's rank. Rank 0 keeps the number of processes as its workers per sharded
+    stage and drops the launcher's variables, so the notebooks' kernels start their own
+    workers; the other ranks have nothing to do. 0 when not launched."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        os.environ.setdefault(distributed.PROCESSES_ENV, str(world))
+        for name in distributed.LAUNCHER_ENV:
+            os.environ.pop(name, None)
+    return rank
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--suite", default=None, help="suite name (default: $RLPROBE_SUITE or demo)")
@@ -259,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="recompute tables computed from other inputs than the current ones "
                          "(without it, such tables are refused, naming what changed)")
     args = ap.parse_args(argv)
+    rank = launched_rank()
+    if rank != 0:
+        print(f"rank {rank}: rank 0 runs the book, with one worker per device in each "
+              "sharded stage")
+        return 0
     if args.prepare:
         prepare()
         return 0

@@ -12,6 +12,10 @@ What is forced, by group (``forcing.groups``), so every effect has a contrast:
   control    the rollouts of the control problems (reference right, target wrong)
 ``forcing.max_rollouts`` caps each group with a seeded draw stratified by temperature and
 problem, so no temperature and no problem is dropped while others are kept whole.
+
+Devices (``distributed``): a forward is shared among the worker processes batch by batch,
+models loading in the workers; ``force_checkpoints`` spreads several checkpoints over the
+workers, one checkpoint per worker at a time, after the reference's cache is made once.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import forcing, models, provenance, storage, suite_keys
+from . import distributed, forcing, models, params, provenance, storage, suite_keys
 from .params import Params
 
 GROUPS = ("target", "ref_right", "control")
@@ -127,11 +131,17 @@ def is_cached(P: Params, name: str, seqs: forcing.SequenceSet) -> bool:
 
 def ensure_cached(P: Params, name: str, seqs: forcing.SequenceSet) -> None:
     """Forward ``name`` over the sequences into its hidden-state cache unless it is there
-    (for the reference: the one-time cost that every checkpoint then reuses)."""
+    (for the reference: the one-time cost that every checkpoint then reuses), on every
+    worker."""
     if is_cached(P, name, seqs):
         return
-    forcing.forward_to_cache(seqs, _side(P, name, models.load_model(name, P)),
-                             **engine_settings(P))
+
+    def load():
+        side = _side(P, name, models.load_model(name, P))
+        return side, side
+
+    distributed.run_pair(seqs, (name, name), None, load,
+                         forwarded={name: hidden_dir(P, name)}, **engine_settings(P))
 
 
 def needs_cache(P: Params, name: str) -> bool:
@@ -154,18 +164,58 @@ def _manifest(P: Params, names: list[str], seqs, extra=None) -> dict:
                **(extra or {})})
 
 
-def run_checkpoint(P: Params, seqs: forcing.SequenceSet, ckpt: models.LoadedModel,
+def run_checkpoint(P: Params, seqs: forcing.SequenceSet, ckpt: models.LoadedModel | None,
                    rollouts_sha: str, overwrite: bool = False) -> Path:
-    """Forward the checkpoint once; compare it with the cached reference as it goes."""
+    """Forward the checkpoint once (loaded where it runs when ``ckpt`` is None: in each
+    worker); compare it with the cached reference as it goes."""
     ensure_cached(P, P.reference, seqs)
-    man = _manifest(P, [P.checkpoint, P.reference], seqs)
-    man["models"][0].update(ckpt.provenance)
-    return forcing.run_checkpoint(
-        seqs, _side(P, P.checkpoint, ckpt, cache=needs_cache(P, P.checkpoint)),
-        _side(P, P.reference), forcing.pair_dir(P.suite, P.checkpoint, P.reference),
-        provenance=man, overwrite=overwrite,
-        key=suite_keys.tokens_inputs(P, P.checkpoint, P.reference, rollouts_sha),
+    out = forcing.pair_dir(P.suite, P.checkpoint, P.reference)
+    loaded = out / "_prov-checkpoint.json"  # the loaded model's facts, for the manifest
+    cache = needs_cache(P, P.checkpoint)
+
+    def load():
+        lm = ckpt if ckpt is not None else models.load_model(P.checkpoint, P)
+        storage.atomic_write_json(loaded, lm.provenance)
+        return _side(P, P.checkpoint, lm, cache=cache), _side(P, P.reference)
+
+    def manifest() -> dict:
+        man = _manifest(P, [P.checkpoint, P.reference], seqs)
+        if loaded.exists():  # absent only when an earlier run computed every batch
+            man["models"][0].update(storage.read_json(loaded))
+        return man
+
+    return distributed.run_pair(
+        seqs, (P.checkpoint, P.reference), out, load, provenance=manifest,
+        forwarded={P.checkpoint: hidden_dir(P, P.checkpoint)} if cache else {},
+        overwrite=overwrite, key=suite_keys.tokens_inputs(P, P.checkpoint, P.reference, rollouts_sha),
         **engine_settings(P))
+
+
+def force_checkpoints(P: Params, names: list[str], rollouts: pd.DataFrame,
+                      selection: pd.DataFrame, problems: pd.DataFrame, rollouts_sha: str,
+                      overwrite: bool = False) -> list[str]:
+    """The token tables of several checkpoints at once: the reference's hidden states
+    first (once, shared by all), then the checkpoints spread over the workers, one per
+    worker at a time (10 checkpoints on 8 devices: two rounds). Each is forced exactly as
+    its own run of notebook 03 would (its parameters, its rollouts); complete tables are
+    kept. Returns the checkpoints forced now."""
+    plans = {}
+    for name in names:
+        Pc = params.load(P.suite, name, overrides=P.overrides)
+        seqs = sequences(Pc, choose(rollouts, selection, Pc), problems)
+        if not storage.plan_reuse(forcing.pair_dir(P.suite, name, P.reference),
+                                  table_key(Pc, seqs, name, P.reference, rollouts_sha), overwrite):
+            plans[name] = (Pc, seqs)
+    for Pc, seqs in {s.fingerprint(): (Pc, s) for Pc, s in plans.values()}.values():
+        ensure_cached(Pc, P.reference, seqs)
+
+    def task(share, state):
+        for name in share:
+            Pc, seqs = plans[name]
+            run_checkpoint(Pc, seqs, None, rollouts_sha, overwrite)
+
+    distributed.run_sharded(task, list(plans))
+    return list(plans)
 
 
 def extra_pairs(P: Params) -> list[tuple[str, str]]:

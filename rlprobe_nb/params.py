@@ -93,7 +93,9 @@ class ForcingParams:
     topk: int = 5
     context_policy: str = "skip"  # skip | error
     pairs: list[list[str]] = field(default_factory=list)
-    compile_body: Optional[bool] = None  # torch.compile the decoder layers; None: on CUDA
+    # torch.compile the decoder layers. None: off in the book (distributed.run_pair), so a
+    # token table is the same for any number of GPUs; on in direct forcing.run_pair calls
+    compile_body: Optional[bool] = None
 
 
 @dataclass

@@ -1,30 +1,30 @@
 """Sampling answers and rollouts from a model, reproducibly, with the token ids kept.
 
-Each (problem, sample) has its own random stream: a ``torch.Generator`` seeded with
-``sha256(seed, problem_id, sample)``. HF ``generate`` runs greedy decoding over a logits
-processor that draws each row's next token from that row's own generator at the row's
-own temperature (0 = greedy) and masks every other token. So a sample does not depend on
-which other samples share its batch, nor on the order of batches; the remaining source of
-batch dependence is floating point (logits of a left-padded batch can differ in the last
-bits from an unpadded one), which can flip a draw that sits on a boundary. Reruns with
-the same batch size are bit-identical on CPU; we record ``batch_size`` in the manifest.
+Each (problem, sample) has its own seed, ``sha256(seed, problem_id, sample)``, and its
+tokens are drawn by ``sampling`` (Gumbel-max with counter-based noise of (seed, step,
+token)) in the book's decode loop (``decoding.generate``): a sample does not depend on
+which other samples share its batch, on the order of the work, on the process or on the
+device; what remains is the logits' own rounding, which differs between batch shapes and
+devices in the last bits and could flip a draw that sits on a tie. We record
+``batch_size`` (the number of slots) in the manifest.
 
 Stored per rollout: prompt ids (the chat template, as ``prompting.prompt_ids`` builds it),
 response ids exactly as generated (EOS included when the model stopped, nothing after it,
 no padding), text = decode(ids, skip_special_tokens=True), temperature, seed,
 finish_reason ("stop" or "length") and the grade.
+
+``sample_to_table`` writes a table in shards of a few batches' worth of problems; with
+several processes (``distributed``) each takes a deterministic share of the shards.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Iterable
 
 import pandas as pd
-import torch
-from .progress import tqdm
 
-from . import grading, schemas, storage
+from . import decoding, distributed, grading, sampling, schemas, storage
+from .progress import tqdm
 from .prompting import prompt_ids
 from .statistics import seed_from
 
@@ -39,33 +39,8 @@ def sample_seed(seed: int, problem_id: str, sample: int) -> int:
     return seed_from("rollout", int(seed), problem_id, int(sample))
 
 
-class PerRowSampler:
-    """A logits processor that picks each row's token with the row's own generator.
-
-    Returns scores that are -inf except at the chosen token, so greedy decoding in
-    ``generate`` takes exactly that token.
-    """
-
-    def __init__(self, temperatures: list[float], seeds: list[int]):
-        self.temperatures = [float(t) for t in temperatures]
-        self.generators = []
-        for s in seeds:
-            g = torch.Generator(device="cpu")
-            g.manual_seed(int(s))
-            self.generators.append(g)
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        logits = scores.detach().to(device="cpu", dtype=torch.float32)
-        chosen = torch.empty(logits.shape[0], dtype=torch.long)
-        for row, (t, g) in enumerate(zip(self.temperatures, self.generators)):
-            if t <= 0.0:
-                chosen[row] = int(torch.argmax(logits[row]))
-            else:
-                probs = torch.softmax(logits[row] / t, dim=-1)
-                chosen[row] = int(torch.multinomial(probs, 1, generator=g))
-        out = torch.full_like(scores, -math.inf)
-        out[torch.arange(scores.shape[0], device=scores.device), chosen.to(scores.device)] = 0.0
-        return out
+# The HF logits processor with the seeded draws, under the name other modules import.
+PerRowSampler = sampling.SeededLogitsProcessor
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -83,35 +58,16 @@ def temperature_of(temperatures: list[float], sample: int) -> float:
     return float(temperatures[sample % len(temperatures)])
 
 
-@torch.no_grad()
 def generate_batch(model, tokenizer, prompts: list[list[int]], temperatures: list[float],
-                   seeds: list[int], max_new_tokens: int) -> list[tuple[list[int], str]]:
-    """Generate one batch; returns (response ids, finish_reason) per prompt."""
-    from transformers import GenerationConfig
-
+                   seeds: list[int], max_new_tokens: int, batch_size: int | str | None = None,
+                   progress=None) -> list[tuple[list[int], str]]:
+    """(response ids, finish_reason) per prompt, through ``decoding.generate`` with
+    ``batch_size`` slots (default: one per prompt)."""
     stop = eos_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
-    device = next(model.parameters()).device
-    config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=int(max_new_tokens),
-                              eos_token_id=stop, pad_token_id=pad, bos_token_id=None)
-    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                         generation_config=config,
-                         logits_processor=[PerRowSampler(temperatures, seeds)])
-    new = out[:, width:].cpu().tolist()
-    results = []
-    for row in new:
-        cut = next((k for k, t in enumerate(row) if t in stop), None)
-        if cut is None:
-            results.append((row[:max_new_tokens], "length"))
-        else:
-            results.append((row[:cut + 1], "stop"))
-    return results
+    requests = [decoding.Request(tuple(int(t) for t in p), float(t), int(s), int(max_new_tokens))
+                for p, t, s in zip(prompts, temperatures, seeds)]
+    return decoding.generate(model, requests, stop, slots=batch_size or len(requests),
+                             pad=tokenizer.pad_token_id, progress=progress)
 
 
 def _tasks(problems: pd.DataFrame, n_per_problem: int, temperatures: list[float], seed: int,
@@ -143,20 +99,14 @@ def generate_rollouts(model, tokenizer, problems: pd.DataFrame, *, model_name: s
     text = problems.set_index("problem_id")["problem"]
     gold = problems.set_index("problem_id")["answer"]
     prompt_of = {pid: prompt_ids(tokenizer, text[pid], template) for pid in problems["problem_id"]}
-    # Longest prompts first, so batches hold similar lengths and the first batch shows
-    # the worst-case memory.
-    order = sorted(range(len(tasks)), key=lambda i: (-len(prompt_of[tasks[i]["problem_id"]]), i))
     label = progress if isinstance(progress, str) else f"sampling {model_name}"
     bar = tqdm(total=len(tasks), desc=label, disable=progress is False, leave=False)
-    for start in range(0, len(order), batch_size):
-        batch = [tasks[i] for i in order[start:start + batch_size]]
-        out = generate_batch(model, tokenizer, [prompt_of[t["problem_id"]] for t in batch],
-                             [t["temperature"] for t in batch], [t["seed"] for t in batch],
-                             max_new_tokens)
-        for t, (ids, reason) in zip(batch, out):
-            t.update(response_ids=ids, finish_reason=reason)
-        bar.update(len(batch))
+    out = generate_batch(model, tokenizer, [prompt_of[t["problem_id"]] for t in tasks],
+                         [t["temperature"] for t in tasks], [t["seed"] for t in tasks],
+                         max_new_tokens, batch_size, progress=lambda: bar.update(1))
     bar.close()
+    for t, (ids, reason) in zip(tasks, out):
+        t.update(response_ids=ids, finish_reason=reason)
     for t in tasks:
         t["response"] = tokenizer.decode(t["response_ids"], skip_special_tokens=True)
     grades = grading.grade_many([t["response"] for t in tasks],
@@ -180,6 +130,9 @@ def to_answers(rollouts: pd.DataFrame) -> pd.DataFrame:
     return rollouts[ANSWER_COLUMNS].reset_index(drop=True)
 
 
+SHARD_BATCHES = 4
+
+
 def problem_chunks(problem_ids: list[str], per_chunk: int) -> list[list[str]]:
     ids = sorted(problem_ids)
     per_chunk = max(1, int(per_chunk))
@@ -197,7 +150,10 @@ def sample_to_table(folder, schema, model_names: list[str], loader: Callable,
                     key: dict, overwrite: bool = False) -> pd.DataFrame:
     """Sample every model over ``problems`` into a sharded, resumable table.
 
-    Shards are (model, chunk of problems in id order). ``key`` (suite_keys) is everything
+    Shards are (model, chunk of problems in id order), a chunk holding SHARD_BATCHES
+    batches' worth of samples (a shard's decode loop refills its slots from its own
+    waiting samples); with several processes each takes a contiguous share of the missing
+    shards (``distributed.run_shards``: models load where they sample). ``key`` (suite_keys) is everything
     the rows depend on: a complete table with the same key is read back without loading a
     model; another key is refused, naming the differences, unless ``overwrite``.
     ``loader(name)`` returns an object with ``.model``, ``.tokenizer`` and ``.provenance``
@@ -210,7 +166,8 @@ def sample_to_table(folder, schema, model_names: list[str], loader: Callable,
         table.release()
         print(f"reusing {table.folder}: complete, same inputs (key {storage.read_manifest(folder)['key_sha']})")
         return storage.read_table(table.folder)
-    chunks = problem_chunks(problems["problem_id"].tolist(), max(1, batch_size // n_per_problem))
+    chunks = problem_chunks(problems["problem_id"].tolist(),
+                            max(1, SHARD_BATCHES * batch_size // n_per_problem))
     by_id = problems.set_index("problem_id", drop=False)
     loaded: dict = {}
 
@@ -241,7 +198,7 @@ def sample_to_table(folder, schema, model_names: list[str], loader: Callable,
         return {**manifest, "sampling": settings,
                 "models": [storage.read_json(p) for p in sorted(table.folder.glob("_prov-*.json"))]}
 
-    storage.run_shards(table, jobs, provenance)
+    distributed.run_shards(table, jobs, provenance)
     loaded.clear()
     return storage.read_table(table.folder)
 

@@ -38,8 +38,8 @@ match the one the rollout was sampled from, a table or cache computed from other
 
 from .batching import Batch, batch_inputs, plan_batches
 from .body import compile_layers, decoder_of, forward_hidden, layers_compiled, model_context
-from .engine import (Side, compare_cached, forward_to_cache, hidden_dir, pair_dir, run_checkpoint,
-                     run_pair, table_key)
+from .engine import (Share, Side, compare_cached, forward_to_cache, hidden_dir, pair_dir, pending,
+                     run_checkpoint, run_pair, table_key)
 from .heads import (METRIC_COLUMNS, PADDED_MASS_TOLERANCE, LMHead, check_padded_mass, head_logits,
                     head_method, lm_head_of, pair_metrics)
 from .hidden_cache import HiddenCache
@@ -51,7 +51,7 @@ from .transfer import DeviceCopy, HostCopy, host_slices
 
 __all__ = [
     "Batch", "batch_inputs", "plan_batches", "compile_layers", "decoder_of", "forward_hidden",
-    "layers_compiled", "model_context", "Side", "compare_cached", "forward_to_cache",
+    "layers_compiled", "model_context", "Share", "Side", "compare_cached", "pending", "forward_to_cache",
     "hidden_dir", "pair_dir", "run_checkpoint", "run_pair", "table_key", "METRIC_COLUMNS",
     "PADDED_MASS_TOLERANCE", "LMHead", "check_padded_mass", "head_logits", "head_method",
     "lm_head_of", "pair_metrics", "HiddenCache", "CONTEXT_POLICIES", "TOKEN_METHODS",

@@ -18,6 +18,13 @@ finish (caches indexed, the manifest written last). Everything is resumable: sha
 cache files are named by their content, so a rerun at any batch size computes only what
 is missing. An out-of-memory error halves ``batch_tokens`` and goes on
 (accelerate's ``find_executable_batch_size``); finished shards are kept.
+
+A run can be shared among processes (``distributed.run_pair``): the coordinator takes the
+locks, plans the batches over every missing sequence (``pending`` and ``plan_batches``)
+and gives each worker whole batches; a worker's ``run_pair(..., share=Share(...))``
+computes only its sequences (planned over them alone, its batches are the coordinator's),
+writes their shards and cache files, and leaves its facts for the coordinator, which
+writes the manifest and the caches' index.
 """
 
 from __future__ import annotations
@@ -60,6 +67,17 @@ class Side:
         return HiddenCache(self.cache_dir) if self.cache_dir is not None else None
 
 
+@dataclass(frozen=True)
+class Share:
+    """This process's part of a run that another process coordinates: the rollouts it
+    computes, whether it saves the forwarded sides' LM heads (one worker does), and the
+    file where it leaves its facts for the coordinator's manifest."""
+
+    rollouts: frozenset
+    saves_heads: bool
+    facts_file: Path
+
+
 def hidden_dir(suite: str, model_name: str, identity: dict | None = None) -> Path:
     """A model's hidden-state cache; with its identity, a folder of its own per identity
     (changed weights get a fresh cache, never the old states)."""
@@ -87,8 +105,32 @@ def _cache_identity(side: Side, seqs: SequenceSet) -> dict:
             "version": keys.STAGE_VERSIONS["hidden"]}
 
 
+def pending(seqs: SequenceSet, out_dir: Path | None, forwarded: list[HiddenCache]
+            ) -> tuple[list[ForcedSequence], list[ForcedSequence]]:
+    """The sequences whose rows the table in ``out_dir`` lacks (none without a table), and
+    the others that one of the ``forwarded`` sides' caches lacks."""
+    covered: set[str] = set()
+    if out_dir is not None:
+        for rollouts in covered_rollouts(storage.parts_on_disk(out_dir)).values():
+            covered |= rollouts
+    need_rows = [s for s in seqs.sequences if out_dir is not None and s.rollout_id not in covered]
+    rest = [s for s in seqs.sequences if out_dir is None or s.rollout_id in covered]
+    return need_rows, [s for s in rest if any(c.missing([s]) for c in forwarded)]
+
+
+def _join_cache(cache: HiddenCache, identity: dict) -> None:
+    """A worker's side of ``HiddenCache.begin``: the coordinator holds the lock; the cache
+    must be of this identity (the first worker records it)."""
+    if not cache.exists():
+        storage.atomic_write_json(cache.folder / cache.MODEL, identity)
+    elif keys.key_sha(cache.identity()) != keys.key_sha(identity):
+        raise storage.StaleTableError(
+            f"{cache.folder} caches another model or setting "
+            f"({keys.describe_difference(cache.identity(), identity)})")
+
+
 def _prepare_side(side: Side, cache: HiddenCache | None, seqs: SequenceSet, device,
-                  longest: int) -> tuple[LMHead, dict]:
+                  longest: int, shared: bool = False) -> tuple[LMHead, dict]:
     """Every check of one side, before any forward; returns its head on the device."""
     facts: dict[str, Any] = {"name": side.name}
     if side.tokenizer is not None:
@@ -101,7 +143,9 @@ def _prepare_side(side: Side, cache: HiddenCache | None, seqs: SequenceSet, devi
                              f"its context {ctx}; build the sequences with max_context={ctx}")
         head = lm_head_of(side.model, seqs.tokenizer["size"])
         ident = _cache_identity(side, seqs)
-        if cache is not None:
+        if cache is not None and shared:
+            _join_cache(cache, ident)
+        elif cache is not None:
             cache.begin(ident)  # its head is saved by run_pair, in the background
         facts.update(ident, source="forward", device=str(next(side.model.parameters()).device))
     else:
@@ -135,7 +179,8 @@ class _PairRun:
     def __init__(self, seqs: SequenceSet, ckpt: Side, ref: Side, out_dir, *, suite: str,
                  chunk_positions: int, topk: int, device, provenance: dict | None,
                  overwrite: bool, compile: bool | None, compile_body: bool | None,
-                 max_sequences: int | None, progress: bool, key: dict | None):
+                 max_sequences: int | None, progress: bool, key: dict | None,
+                 share: Share | None = None):
         if chunk_positions < 1 or topk < 0:
             raise ValueError("chunk_positions must be >= 1 and topk >= 0")
         self.device = torch.device(device)
@@ -147,7 +192,7 @@ class _PairRun:
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.chunk_positions, self.topk = chunk_positions, topk
         self.provenance, self.overwrite, self.progress = provenance, overwrite, progress
-        self.max_sequences, self.key = max_sequences, key
+        self.max_sequences, self.key, self.share = max_sequences, key, share
         self.sides = [ckpt] if out_dir is None else [ckpt, ref]
         self.compile, self.compile_body = compile, compile_body
         self.batch_sizes: list[int] = []
@@ -164,7 +209,7 @@ class _PairRun:
                                             (self.ckpt.name, self.ref.name))
         longest = max(len(s.input_ids) for s in self.seqs.sequences)
         self.caches = [s.cache() for s in self.sides]
-        prepared = [_prepare_side(s, c, self.seqs, self.device, longest)
+        prepared = [_prepare_side(s, c, self.seqs, self.device, longest, self.share is not None)
                     for s, c in zip(self.sides, self.caches)]
         self.heads = [p[0] for p in prepared]
         self.side_facts = [p[1] for p in prepared]
@@ -175,6 +220,8 @@ class _PairRun:
         if self.out_dir is None:
             return False
         self.table = storage.ShardedTable(self.out_dir, schemas.TOKENS, unique=UNIQUE)
+        if self.share is not None:  # the coordinator began the table
+            return False
         key = table_key(self.seqs, self.ckpt.name, self.ref.name, self.topk, self.key)
         what = f"(teacher forcing {self.ckpt.name} vs {self.ref.name})"
         return self.table.begin(key, overwrite=self.overwrite, what=what)
@@ -184,16 +231,12 @@ class _PairRun:
         """Batches of the sequences still to do: first those whose rows are missing (they
         get metrics), then those only a forwarded side's cache lacks. Returns the batches,
         their members, and how many of the batches are of the first kind."""
-        covered: set[str] = set()
-        if self.table is not None:
-            for rollouts in covered_rollouts(storage.parts_on_disk(self.out_dir)).values():
-                covered |= rollouts
-        need_rows = [s for s in self.seqs.sequences
-                     if self.table is not None and s.rollout_id not in covered]
-        rest = [s for s in self.seqs.sequences if s.rollout_id in covered or self.table is None]
-        need_cache = [s for s in rest
-                      if any(side.model is not None and c is not None and c.missing([s])
-                             for side, c in zip(self.sides, self.caches))]
+        need_rows, need_cache = pending(
+            self.seqs, self.out_dir if self.table is not None else None,
+            [c for side, c in zip(self.sides, self.caches) if side.model is not None and c is not None])
+        if self.share is not None:
+            need_rows = [s for s in need_rows if s.rollout_id in self.share.rollouts]
+            need_cache = [s for s in need_cache if s.rollout_id in self.share.rollouts]
         first = plan_batches(need_rows, batch_tokens, self.max_sequences) if need_rows else []
         second = plan_batches(need_cache, batch_tokens, self.max_sequences) if need_cache else []
         members = ([[need_rows[i] for i in b.members] for b in first]
@@ -307,7 +350,8 @@ class _PairRun:
         # LM heads of forwarded sides go to their caches alongside the first batches (1 GB
         # at 8B); a cache is only marked complete (finish) once its head is there
         saves = [saver.submit(c.save_head, h) for s, c, h in zip(self.sides, self.caches, self.heads)
-                 if s.model is not None and c is not None and not c.has_head()]
+                 if s.model is not None and c is not None and not c.has_head()
+                 and (self.share is None or self.share.saves_heads)]
 
         def halve() -> int:
             size = self.batch_sizes[-1] // 2
@@ -346,6 +390,7 @@ class _PairRun:
             "head_matmul": head_method(torch.empty(1, 1, dtype=self.heads[0].weight.dtype,
                                                    device=self.device), self.heads[0]),
             "batch_tokens": self.batch_sizes, "batches_computed_this_run": self.computed,
+            "rows_computed_this_run": self.rows_done,
             "seconds_this_run": round(elapsed, 3),
             # the forward loop waiting on the disk (reading cached hidden states / writing)
             "seconds_waiting_for_reads": round(self.waits["reads"], 3),
@@ -357,6 +402,9 @@ class _PairRun:
                             if self.device.type == "cuda" else None),
             "clamp": "KL clamped to >= 0, JS to [0, ln 2] (rounding-level moves only)",
         }
+        if self.share is not None:  # the coordinator writes the index and the manifest
+            storage.atomic_write_json(self.share.facts_file, facts)
+            return None
         for s, c, f in zip(self.sides, self.caches, facts["sides"]):
             if s.model is not None and c is not None:
                 c.finish(self.seqs, {"model": f})
@@ -379,10 +427,12 @@ def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLik
              device: str | torch.device = "cpu", provenance: dict | None = None,
              overwrite: bool = False, compile: bool | None = None,
              compile_body: bool | None = None, max_sequences: int | None = None,
-             progress: bool = True, key: dict | None = None) -> Path | None:
+             progress: bool = True, key: dict | None = None,
+             share: Share | None = None) -> Path | None:
     """Per-token table of (ckpt vs ref) over ``seqs``, plus the hidden-state caches of any
     forwarded side. Resumable; returns the table folder. ``out_dir=None`` only fills the
-    caches (forward_to_cache).
+    caches (forward_to_cache). ``share``: this process's part of a coordinated run (see
+    the module docstring); it returns None.
 
     key: the caller's inputs the rows depend on (model identities, parameters, upstream
     tables); with the sequences and top-k it keys the table (``table_key``). A complete
@@ -395,7 +445,7 @@ def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLik
     run = _PairRun(seqs, ckpt, ref, out_dir, suite=suite, chunk_positions=chunk_positions,
                    topk=topk, device=device, provenance=provenance, overwrite=overwrite,
                    compile=compile, compile_body=compile_body, max_sequences=max_sequences,
-                   progress=progress, key=key)
+                   progress=progress, key=key, share=share)
     try:
         if run.prepare():
             return run.out_dir

@@ -1,0 +1,403 @@
+"""The book's decode loop: seeded generation in slots that are refilled as sequences end.
+
+Slots. The loop holds ``slots`` sequences at a time. Each slot has its own rows in
+preallocated key/value buffers [slots, kv_heads, length, head_dim] per layer, with its
+tokens at positions [0, n) (left-aligned, no padding), and its own position, seed, step
+and temperature. A decode step forwards one token per slot, written at the slot's own
+position, under a 4D additive mask that lets slot b see its positions [0, pos_b]; the
+model's attention reaches the buffers through a duck-typed cache (``SlotCache.update``,
+the one method HF attention layers call) and runs through the book's own attention
+function (registered with HF's ``AttentionInterface`` for the loop's duration): one SDPA
+call per layer in which the query heads that share a key/value head attend together, so
+the buffers are read once and never copied per head; a prompt attends causally to
+itself. When a sequence ends (EOS, or its token budget)
+its slot takes the next waiting request at once: the prompt is prefilled alone (batch 1,
+so its keys and values depend on no other prompt), once for the waiting requests that
+share it (a problem's samples), copied into their slots, and each slot's first token is
+drawn from the prompt's last logits. Tokens are drawn by ``sampling.draw``. So a
+sequence's tokens depend on its own prompt, seed and temperature, and on the number of
+slots (the matrix shapes); not on which sequences share the batch or when they came in.
+
+Speed. Requests are taken longest prompt first, a problem's samples together. On CUDA the
+whole decode step (mask, forward, sampler, counters: tensor operations on preallocated
+buffers, no host synchronisation) is captured in CUDA graphs, one per attention span (a
+quarter, half, three quarters or all of the buffers' length), so a step is one graph
+launch; the sampler is compiled. On the CPU the step runs eagerly over the span of the
+longest live sequence, and the batch shrinks to its live slots once half of them are idle
+and nothing waits (a change of shape: its rounding may differ in the last bits).
+``slots="auto"`` takes the largest number of slots the free device memory holds; an
+out-of-memory error halves the number and goes on (accelerate's
+``find_executable_batch_size``), keeping the finished sequences.
+
+Models: HF decoder-only models whose attention layers call ``cache.update`` and attend
+causally over the whole context (Llama, Mistral without a sliding window, Qwen2/3,
+OLMo 2), under "sdpa" or "eager" attention. Others go through HF ``generate`` with the
+same draws (``sampling.SeededLogitsProcessor``), in batches of ``slots``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from . import sampling
+
+SLOT_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
+SPAN_STEP = 64  # attention spans and buffer lengths are multiples of this
+SLOT_ATTENTION = "rlprobe_slots"
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: tuple[int, ...]
+    temperature: float
+    seed: int
+    max_new_tokens: int
+
+
+Result = tuple[list[int], str]  # (new token ids, "stop" | "length")
+
+
+def _round_up(n: int, step: int = SPAN_STEP) -> int:
+    return -(-int(n) // step) * step
+
+
+def uses_slots(model) -> bool:
+    """Whether ``generate`` runs the slot loop for this model (else HF ``generate``)."""
+    cfg = model.config
+    params = inspect.signature(model.forward).parameters
+    return (getattr(cfg, "model_type", None) in SLOT_MODEL_TYPES
+            and not getattr(cfg, "sliding_window", None)
+            and ("cache" in params or "past_key_values" in params))
+
+
+def slot_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                   scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention in HF's ``AttentionInterface`` form. Decode (one query per slot): the
+    query heads of each key/value head attend together under the slots' mask. Prefill
+    (one prompt): causal over the prompt itself."""
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    batch, heads, length, dim = query.shape
+    groups = heads // key.shape[1]
+    if length == 1:
+        packed = query.reshape(batch, key.shape[1], groups, dim)
+        out = sdpa(packed, key, value, attn_mask=attention_mask, scale=scaling)
+        out = out.reshape(batch, heads, 1, dim)
+    else:
+        out = sdpa(query, key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1)
+    return out.transpose(1, 2).contiguous(), None
+
+
+class SlotCache:
+    """Per-slot key/value buffers, duck-typing the part of HF's ``Cache`` that attention
+    layers call. Decode: each slot's new key and value go to its own position and the
+    layer attends over the first ``span`` positions of every slot. Prefill: one prompt's
+    keys and values go to positions [0, n) of one slot and the layer attends over them."""
+
+    def __init__(self, layers: int, slots: int, kv_heads: int, length: int, head_dim: int,
+                 dtype, device):
+        shape = (slots, kv_heads, length, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.rows = torch.arange(slots, device=device)
+        self.prefill_slot: int | None = None
+        self.positions: torch.Tensor | None = None
+        self.span = length
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        if self.prefill_slot is not None:
+            n = key.shape[2]
+            k[self.prefill_slot, :, :n] = key[0]
+            v[self.prefill_slot, :, :n] = value[0]
+            return key, value
+        k[self.rows, :, self.positions] = key[:, :, 0]
+        v[self.rows, :, self.positions] = value[:, :, 0]
+        return k[:, :, :self.span], v[:, :, :self.span]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # never needed: every call passes its position ids
+
+    def copy_slot(self, src: int, dst: list[int], n: int) -> None:
+        for buf in self.keys + self.values:
+            buf[dst, :, :n] = buf[src, :, :n]
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.keys = [k[keep] for k in self.keys]
+        self.values = [v[keep] for v in self.values]
+        self.rows = torch.arange(len(keep), device=keep.device)
+
+
+def _model_shape(model) -> tuple[int, int, int]:
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads, head_dim
+
+
+def kv_bytes_per_slot(model, length: int) -> int:
+    layers, kv_heads, head_dim = _model_shape(model)
+    elem = next(model.parameters()).element_size()
+    return 2 * layers * kv_heads * head_dim * _round_up(length) * elem
+
+
+class _Slots:
+    """One run of the slot loop at a fixed number of slots (see the module docstring)."""
+
+    def __init__(self, model, slots: int, length: int, eos: Sequence[int], graphs: bool):
+        p = next(model.parameters())
+        self.model, self.device, self.dtype = model, p.device, p.dtype
+        self.length = _round_up(length)
+        layers, kv_heads, head_dim = _model_shape(model)
+        self.cache = SlotCache(layers, slots, kv_heads, self.length, head_dim, self.dtype,
+                               self.device)
+        params = inspect.signature(model.forward).parameters
+        self.call = {"cache" if "cache" in params else "past_key_values": self.cache,
+                     "use_cache": True}
+        if "logits_to_keep" in params:
+            self.call["logits_to_keep"] = 1
+        self.eos = set(int(e) for e in eos)
+        self.positions_ = torch.arange(self.length, device=self.device)
+        self._state(slots)
+        self.occupant: list[int | None] = [None] * slots
+        self.tokens: list[list[int]] = [[] for _ in range(slots)]
+        self.requests: dict[int, Request] = {}
+        self.spans = sorted({min(self.length, _round_up(math.ceil(self.length * q / 4)))
+                             for q in (1, 2, 3, 4)})
+        self.graphs: dict[int, tuple] | None = None
+        if graphs:
+            self._capture()
+
+    def _state(self, slots: int) -> None:
+        dev = self.device
+        self.ids = torch.zeros(slots, 1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(slots, dtype=torch.long, device=dev)
+        self.steps = torch.zeros(slots, dtype=torch.long, device=dev)
+        self.seeds = torch.zeros(slots, dtype=torch.long, device=dev)
+        self.temps = torch.zeros(slots, dtype=torch.float64, device=dev)
+
+    # the device side ---------------------------------------------------------------
+    def _forward(self, ids, positions, mask) -> torch.Tensor:
+        return self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
+                          **self.call).logits[:, -1]
+
+    def _mask(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The additive attention mask: 0 where seen, the dtype's minimum where hidden."""
+        return torch.zeros(hidden.shape, dtype=self.dtype, device=self.device).masked_fill(
+            hidden, torch.finfo(self.dtype).min)
+
+    def _step(self, span: int) -> torch.Tensor:
+        """One token per slot: tensor operations only, so it can be captured in a graph."""
+        pos = self.pos.clamp(max=self.length - 1)  # an idle slot keeps counting
+        mask = self._mask(self.positions_[:span][None, :] > pos[:, None])
+        self.cache.prefill_slot, self.cache.positions, self.cache.span = None, pos, span
+        logits = self._forward(self.ids, pos[:, None], mask[:, None, None, :])
+        nxt = sampling.draw(logits, self.seeds, self.steps, self.temps)
+        self.ids.copy_(nxt[:, None])
+        self.pos.add_(1)
+        self.steps.add_(1)
+        return nxt
+
+    def _capture(self) -> None:
+        """A CUDA graph of ``_step`` per span, recorded with every slot idle; eager steps
+        (with a warning) if capturing fails."""
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up: compilation, library handles
+                for span in self.spans:
+                    for _ in range(2):
+                        self._step(span)
+            torch.cuda.current_stream().wait_stream(side)
+            graphs = {}
+            for span in self.spans:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out = self._step(span)
+                graphs[span] = (graph, out)
+            self.graphs = graphs
+        except Exception as err:  # noqa: BLE001 - capture is an optimisation: go on eager
+            warnings.warn(f"capturing the decode step in CUDA graphs failed ({err!r}); "
+                          "decoding eagerly")
+            self.graphs = None
+        for state in (self.ids, self.pos, self.steps, self.seeds, self.temps):
+            state.zero_()  # in place: the graphs read these very tensors
+
+    def _run_step(self, span: int) -> list[int]:
+        if self.graphs is not None:
+            graph, out = self.graphs[min(s for s in self.spans if s >= span)]
+            graph.replay()
+            return out.tolist()
+        return self._step(span).tolist()
+
+    def _prefill(self, prompt: tuple[int, ...], slots: list[int], requests: list[Request]
+                 ) -> list[int]:
+        """The prompt's keys and values into ``slots``; returns each slot's first token."""
+        n = len(prompt)
+        ids = torch.tensor([prompt], device=self.device)
+        future = self.positions_[:n][None, :] > self.positions_[:n][:, None]
+        mask = self._mask(future)[None, None]
+        self.cache.prefill_slot = slots[0]
+        logits = self._forward(ids, self.positions_[:n][None], mask)
+        self.cache.prefill_slot = None
+        self.cache.copy_slot(slots[0], slots[1:], n)
+        first = sampling.draw_rows(logits.expand(len(slots), -1), [r.seed for r in requests], 0,
+                                   [r.temperature for r in requests], compiled=False)
+        index = torch.tensor(slots, device=self.device)
+        self.ids[index, 0] = first
+        self.pos[index] = n
+        self.steps[index] = 1
+        self.seeds[index] = sampling.check_seeds([r.seed for r in requests]).to(self.device)
+        self.temps[index] = torch.tensor([float(r.temperature) for r in requests],
+                                         dtype=torch.float64, device=self.device)
+        return first.tolist()
+
+    # the host side -----------------------------------------------------------------
+    def run(self, queue: deque, results: dict, on_result: Callable[[], None]) -> None:
+        """Decode every (index, request) of ``queue`` into ``results[index]``."""
+        self._fill(queue, results, on_result)
+        while any(o is not None for o in self.occupant):
+            tokens = self._run_step(self._span())
+            for b, who in enumerate(self.occupant):
+                if who is not None:
+                    self._append(b, tokens[b], results, on_result)
+            self._fill(queue, results, on_result)
+            live = sum(o is not None for o in self.occupant)
+            if self.graphs is None and self.device.type == "cpu" and not queue \
+                    and 0 < live <= len(self.occupant) // 2:
+                self._shrink()
+
+    def _append(self, b: int, token: int, results: dict, on_result) -> None:
+        who = self.occupant[b]
+        self.tokens[b].append(token)
+        if token in self.eos or len(self.tokens[b]) >= self.requests[who].max_new_tokens:
+            results[who] = (self.tokens[b], "stop" if token in self.eos else "length")
+            self.occupant[b], self.tokens[b] = None, []
+            del self.requests[who]
+            on_result()
+
+    def _fill(self, queue: deque, results: dict, on_result) -> None:
+        """Free slots take waiting requests, a shared prompt prefilled once."""
+        while queue:
+            free = [b for b, o in enumerate(self.occupant) if o is None]
+            if not free:
+                return
+            group = [queue.popleft()]
+            while queue and len(group) < len(free) and queue[0][1].prompt == group[0][1].prompt:
+                group.append(queue.popleft())
+            slots = free[:len(group)]
+            for b, (who, req) in zip(slots, group):
+                self.occupant[b], self.tokens[b], self.requests[who] = who, [], req
+            first = self._prefill(group[0][1].prompt, slots, [r for _, r in group])
+            for b, token in zip(slots, first):
+                self._append(b, token, results, on_result)
+
+    def _span(self) -> int:
+        longest = max(len(self.requests[o].prompt) + len(self.tokens[b])
+                      for b, o in enumerate(self.occupant) if o is not None)
+        return min(self.length, _round_up(longest))
+
+    def _shrink(self) -> None:
+        keep = [b for b, o in enumerate(self.occupant) if o is not None]
+        index = torch.tensor(keep, device=self.device)
+        self.cache.select(index)
+        for name in ("ids", "pos", "steps", "seeds", "temps"):
+            setattr(self, name, getattr(self, name)[index])
+        self.occupant = [self.occupant[b] for b in keep]
+        self.tokens = [self.tokens[b] for b in keep]
+
+
+def auto_slots(model, length: int, vocab: int, cap: int) -> int:
+    """The most slots the free memory of the model's CUDA device holds (key/value buffers,
+    logits and sampler temporaries of every span's graph), with a tenth kept free; ``cap``
+    on the CPU."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return cap
+    free, _ = torch.cuda.mem_get_info(device)
+    per_slot = kv_bytes_per_slot(model, length) + 4 * vocab * 4 * 6
+    return max(1, min(cap, int(0.9 * free // per_slot)))
+
+
+@torch.inference_mode()
+def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
+             slots: int | str = 64, cuda_graphs: bool | None = None, pad: int | None = None,
+             progress: Callable[[], None] | None = None) -> list[Result]:
+    """(new token ids, finish reason) per request, in order: ids cut after EOS ("stop", the
+    EOS kept) or at the request's ``max_new_tokens`` ("length").
+
+    slots: sequences decoded at a time, or "auto" (the most that fit, at most 1024).
+    cuda_graphs: capture the decode step (default: on CUDA). progress: called once per
+    finished request."""
+    from accelerate.utils import find_executable_batch_size
+
+    if not requests:
+        return []
+    if any(r.max_new_tokens < 1 or not r.prompt or r.temperature < 0 for r in requests):
+        raise ValueError("each request needs a prompt, max_new_tokens >= 1 and a temperature >= 0")
+    on_result = progress or (lambda: None)
+    length = max(len(r.prompt) + r.max_new_tokens for r in requests)
+    cap = min(len(requests), 1024 if slots == "auto" else int(slots))
+    start = auto_slots(model, length, model.config.vocab_size, cap) if slots == "auto" else cap
+    order = sorted(range(len(requests)), key=lambda i: (-len(requests[i].prompt),
+                                                        requests[i].prompt, i))
+    results: dict[int, Result] = {}
+    device = next(model.parameters()).device
+    graphs = device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+
+    def attempt(size: int) -> None:
+        queue = deque((i, requests[i]) for i in order if i not in results)
+        if uses_slots(model):
+            _Slots(model, min(size, len(queue)), length, eos, graphs).run(queue, results,
+                                                                            on_result)
+        else:
+            _hf_generate(model, queue, size, eos, pad, results, on_result)
+
+    previous = model.config._attn_implementation
+    if uses_slots(model):
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(SLOT_ATTENTION, slot_attention)
+        model.config._attn_implementation = SLOT_ATTENTION
+    try:
+        find_executable_batch_size(attempt, starting_batch_size=start)()
+    finally:
+        model.config._attn_implementation = previous
+    return [results[i] for i in range(len(requests))]
+
+
+def _hf_generate(model, queue: deque, size: int, eos: Sequence[int], pad: int | None,
+                 results: dict, on_result) -> None:
+    """HF ``generate`` with the seeded draws, ``size`` requests at a time (left-padded)."""
+    from torch.nn.utils.rnn import pad_sequence
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    pad = eos[0] if pad is None else pad
+    stop = set(eos)
+    items = list(queue)
+    for start in range(0, len(items), size):
+        batch = items[start:start + size]
+        prompts = [torch.tensor(r.prompt[::-1]) for _, r in batch]  # left padding, by flipping
+        ids = pad_sequence(prompts, batch_first=True, padding_value=pad).flip(1)
+        mask = pad_sequence([torch.ones_like(p) for p in prompts], batch_first=True).flip(1)
+        budget = max(r.max_new_tokens for _, r in batch)
+        config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=budget,
+                                  eos_token_id=list(eos), pad_token_id=pad, bos_token_id=None)
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                             generation_config=config, logits_processor=[
+                                 sampling.SeededLogitsProcessor(
+                                     [r.temperature for _, r in batch], [r.seed for _, r in batch])])
+        for (who, req), row in zip(batch, out[:, ids.shape[1]:].tolist()):
+            row = row[:req.max_new_tokens]
+            cut = next((k for k, t in enumerate(row) if t in stop), None)
+            results[who] = (row, "length") if cut is None else (row[:cut + 1], "stop")
+            on_result()

@@ -1,0 +1,255 @@
+"""Sharded stages: one worker process per device, started through accelerate, writing the
+same tables a single process writes.
+
+Who does what
+-------------
+The *coordinator* is the process that calls a sharded stage: the kernel of the notebook
+(under papermill or JupyterLab) or a plain script. For each table it:
+
+1. takes the table's writer lock and records the key of its inputs
+   (``storage.ShardedTable.begin``): a table computed from other inputs is refused before
+   any work, a complete one is read back;
+2. lists the units of work still missing (shards of a table, batches of the teacher-forcing
+   engine, whole checkpoints), in a fixed order, before any worker starts;
+3. starts one worker per device with ``accelerate.notebook_launcher`` (fork, the
+   coordinator itself stays free of CUDA; a torch.distributed group over NCCL on GPUs,
+   gloo on CPUs). Each worker takes its contiguous share of the list
+   (``PartialState.split_between_processes``), loads the models it needs on its own
+   device and writes its shards;
+4. once every worker has exited cleanly, checks that every shard exists, writes the
+   manifest (``finish``) and releases the lock.
+
+Workers write shards and hidden-state files, which are named by their content and written
+atomically, so any process can write any of them; they never write a manifest and never
+take the table's lock. A unit's content depends only on the unit (seeds are per problem
+and sample, batches are planned over all the work before it is shared out), so the table
+is the same for 1 and N workers. If a worker fails or is killed, the launcher stops the
+others and the coordinator raises with the shards written so far kept: a rerun, with any
+number of workers, computes the missing ones only.
+
+How many workers: ``RLPROBE_PROCESSES`` if set, else the number of visible CUDA devices
+(counted through NVML, without initializing CUDA), else 1. One worker runs in the calling
+process itself, as does a stage with a single unit of work, and so does everything when
+this process has initialized CUDA already (a forked child could not use it; a warning says
+to restart the kernel).
+
+From a shell, ``accelerate launch --multi_gpu --num_processes N -m rlprobe_nb.book ...``
+starts N processes: rank 0 runs the book (the notebooks, one kernel at a time) with N
+workers per sharded stage, the other ranks exit at once (``book.launched_rank``). So the
+notebooks run once and every device works; ``python -m rlprobe_nb.book`` on an N-GPU host
+does the same.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from typing import Any, Callable, Sequence
+
+# Ask NVML, not the CUDA runtime, whether CUDA devices exist (``torch.cuda.is_available``
+# reads this at each call): the coordinator must not initialize CUDA before it forks.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+PROCESSES_ENV = "RLPROBE_PROCESSES"
+# what a launcher (torchrun, accelerate launch) leaves in the environment of its processes
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_ERROR_FILE")
+
+
+def processes() -> int:
+    """Workers per sharded stage (see the module docstring)."""
+    import torch
+
+    if os.environ.get(PROCESSES_ENV):
+        n = int(os.environ[PROCESSES_ENV])
+        if n < 1:
+            raise ValueError(f"{PROCESSES_ENV} must be >= 1, got {n}")
+        return n
+    return max(1, torch.cuda.device_count())
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_sharded(task: Callable[[list, Any], None], items: Sequence, workers: int | None = None
+                ) -> int:
+    """``task(share, state)`` over ``items``, shared among ``workers`` processes (default
+    ``processes()``); ``state`` is the worker's ``accelerate.PartialState`` (None when the
+    work runs in this process). Returns the number of processes that ran."""
+    import torch
+
+    items = list(items)
+    n = min(processes() if workers is None else int(workers), len(items))
+    if n > 1 and torch.cuda.is_initialized():
+        warnings.warn("this process has initialized CUDA already, so it cannot start one "
+                      "worker per device; running on one device (restart the kernel, and "
+                      "run the sharded stage before anything that uses the GPU)")
+        n = 1
+    if n <= 1:
+        if items:
+            task(items, None)
+        return 1
+    from accelerate import notebook_launcher
+
+    saved = {k: os.environ.pop(k) for k in LAUNCHER_ENV if k in os.environ}
+    try:
+        notebook_launcher(_worker, args=(task, items), num_processes=n,
+                          use_port=str(_free_port()))
+    finally:
+        os.environ.update(saved)
+    return n
+
+
+def _worker(task: Callable[[list, Any], None], items: list) -> None:
+    """One forked worker: its device and process group, then its share of ``items``."""
+    import torch
+    from accelerate import PartialState
+
+    from . import grading_pool
+
+    # Inherited state that belongs to the coordinator: its grader subprocesses (this
+    # worker starts its own) and any accelerate state.
+    grading_pool._POOLS.clear()
+    PartialState._reset_state()
+    os.environ[PROCESSES_ENV] = "1"  # a sharded call inside a worker runs in the worker
+    state = PartialState(cpu=not torch.cuda.is_available())
+    if state.device.type == "cuda":
+        torch.cuda.set_device(state.device)  # "cuda" means this worker's own GPU
+    # the host's cores shared among the workers, not each worker on all of them
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // state.num_processes))
+    try:
+        with state.split_between_processes(items) as share:
+            task(list(share), state)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def run_shards(table, jobs: list[tuple[str, Callable[[], Any]]], manifest,
+               workers: int | None = None, progress: bool = True) -> list[str]:
+    """``storage.run_shards`` for a begun table, its missing shards shared among worker
+    processes: the coordinator holds the lock and writes the manifest once every shard
+    exists. Returns the keys computed this time."""
+    from .progress import tqdm
+
+    try:
+        done = table.done()
+        todo = [(k, fn) for k, fn in jobs if k not in done]
+
+        def task(share, state):
+            bar = tqdm(share, desc=f"{table.folder.name} shards", leave=False,
+                       disable=not progress or state is not None)
+            for key, fn in bar:
+                table.write_shard(key, fn())
+
+        run_sharded(task, todo, workers)
+        table.finish(manifest() if callable(manifest) else manifest, [k for k, _ in jobs])
+    finally:
+        table.release()
+    return [k for k, _ in todo]
+
+
+def run_pair(seqs, names: tuple[str, str], out_dir, load: Callable[[], tuple], *,
+             forwarded: dict[str, Any], workers: int | None = None, batch_tokens: int = 8192,
+             max_sequences: int | None = None, topk: int = 5, key: dict | None = None,
+             overwrite: bool = False, provenance: dict | Callable[[], dict] | None = None,
+             suite: str = "", **engine) -> Any:
+    """``forcing.run_pair`` with the batches shared among worker processes.
+
+    names: (checkpoint, reference). load(): the two ``forcing.Side`` of a worker, models
+    loaded on its device (called in each worker). forwarded: name -> hidden-state cache
+    folder of each side the workers forward (the coordinator takes its lock and writes its
+    index). ``out_dir=None`` fills the caches only (``forward_to_cache``). provenance: the
+    manifest's base, or a function that returns it once the models are loaded. The other
+    arguments are ``run_pair``'s, except that ``compile_body=None`` means eager layers here
+    (the same table for any number of workers). Returns the table folder (None without a table)."""
+    from . import forcing, schemas, storage
+
+    if engine.get("compile_body") is None:
+        # Eager decoder layers unless asked for: compiled (autotuned) kernels differ between
+        # processes, so the table would depend on how many workers ran and where; and each
+        # worker would compile again (measured: benchmarks/RESULTS.md)
+        engine["compile_body"] = False
+    kw = dict(batch_tokens=batch_tokens, max_sequences=max_sequences, topk=topk, key=key,
+              overwrite=overwrite, suite=suite, **engine)
+    n = processes() if workers is None else int(workers)
+    if n <= 1:
+        sides = load()
+        return forcing.run_pair(seqs, *sides, out_dir, provenance=_value(provenance), **kw)
+    table, releases = None, []
+    try:
+        if out_dir is not None:
+            table = storage.ShardedTable(out_dir, schemas.TOKENS, unique=forcing.UNIQUE)
+            table_key = forcing.table_key(seqs, names[0], names[1], topk, key)
+            if table.begin(table_key, overwrite=overwrite,
+                           what=f"(teacher forcing {names[0]} vs {names[1]}, coordinator)"):
+                return table.folder
+        caches = {name: forcing.HiddenCache(folder) for name, folder in forwarded.items()}
+        for cache in caches.values():
+            releases.append(storage.acquire_lock(cache.folder, "(hidden-state cache, coordinator)"))
+            for tmp in cache.folder.glob(".*.tmp*"):  # litter of a killed writer
+                tmp.unlink()
+        need_rows, need_cache = forcing.pending(seqs, table.folder if table is not None else None,
+                                                list(caches.values()))
+        batches = [[s.rollout_id for s in part]
+                   for group in (need_rows, need_cache) if group
+                   for part in ([group[i] for i in b.members]
+                                for b in forcing.plan_batches(group, batch_tokens, max_sequences))]
+        facts_dir = table.folder if table is not None else next(iter(caches.values())).folder
+
+        def task(share, state):
+            ckpt, ref = load()
+            index = state.process_index if state is not None else 0  # None: ran here
+            mine = forcing.Share(frozenset(r for batch in share for r in batch),
+                                 saves_heads=index == 0,
+                                 facts_file=facts_dir / f"_share-{index:03d}.json")
+            forcing.run_pair(seqs, ckpt, ref, out_dir, progress=False, share=mine, **kw)
+
+        start = time.perf_counter()
+        ran = run_sharded(task, batches, n)
+        _finish_pair(seqs, names, table, caches, facts_dir, _value(provenance), suite, ran,
+                     time.perf_counter() - start)
+        return None if table is None else table.folder
+    finally:
+        for release in releases:
+            release()
+        if table is not None:
+            table.release()
+
+
+def _value(provenance):
+    return provenance() if callable(provenance) else provenance
+
+
+def _finish_pair(seqs, names, table, caches, facts_dir, provenance, suite, ran: int,
+                 seconds: float) -> None:
+    """The coordinator's end of a shared run: the caches' index, then the manifest, with
+    the workers' facts merged (the first worker's, plus each worker's counts)."""
+    from . import storage
+
+    files = sorted(facts_dir.glob("_share-*.json"))
+    shares = [storage.read_json(f) for f in files]
+    rows = sum(f.get("rows_computed_this_run", 0) for f in shares)
+    merged = {**(shares[0] if shares else {}), "processes": ran, "seconds_this_run": round(seconds, 3),
+              "batches_computed_this_run": sum(f.get("batches_computed_this_run", 0) for f in shares),
+              "rows_computed_this_run": rows,
+              "response_tokens_per_s_this_run": round(rows / seconds, 1) if seconds > 0 else None,
+              "workers": [{k: f.get(k) for k in ("cuda_device", "batch_tokens",
+                                                 "batches_computed_this_run", "seconds_this_run")}
+                          for f in shares]}
+    side_facts = {f["name"]: f for f in merged.get("sides", [])}
+    for name, cache in caches.items():
+        cache.finish(seqs, {"model": side_facts.get(name, {"name": name})})
+    if table is not None:
+        table.finish({**(provenance or {}), "table": "tokens", "suite": suite,
+                      "checkpoint": names[0], "reference": names[1], "engine": merged},
+                     sorted(table.done()))
+    for f in files:
+        f.unlink()
