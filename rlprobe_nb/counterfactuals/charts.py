@@ -1,0 +1,85 @@
+"""Charts of chapter 08, aggregated in pandas first and rendered statically
+(``views.show``): takeover curves with the branch points marked, and a forest plot of
+branch effects by spike category against their controls."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+KIND_COLOURS = {"spike": "#c0392b", "control": "#7f8c8d"}
+ESTIMATE_COLOURS = {"spike": "#c0392b", "control": "#7f8c8d", "spike - control": "#2c3e50"}
+
+
+def curve_points(branches: pd.DataFrame) -> pd.DataFrame:
+    """Takeover-curve points of each (model, rollout): the unbranched contexts, i.e. arms
+    "prefix" and "keep" (a kept token extends the prefix by one), one per prefix length."""
+    pts = branches[branches["arm"].isin(["prefix", "keep"])]
+    cols = ["model", "rollout_id", "prefix_len", "n", "passes", "pass_rate", "wilson_low",
+            "wilson_high"]
+    return pts[cols].drop_duplicates(["model", "rollout_id", "prefix_len"]).sort_values(
+        ["model", "rollout_id", "prefix_len"]).reset_index(drop=True)
+
+
+def _one_curve(points: pd.DataFrame, marks: pd.DataFrame, title: str, width: int):
+    import altair as alt
+
+    x = alt.X("prefix_len:Q", title="response tokens kept (k)")
+    colour = alt.Color("model:N", title="policy")
+    band = alt.Chart(points).mark_area(opacity=0.15).encode(
+        x=x, y=alt.Y("wilson_low:Q", title="pass rate (Wilson 95%)", scale=alt.Scale(domain=[0, 1])),
+        y2="wilson_high:Q", color=colour)
+    line = alt.Chart(points).mark_line(point=True).encode(
+        x=x, y="pass_rate:Q", color=colour,
+        tooltip=["model", "prefix_len", "passes", "n", alt.Tooltip("pass_rate:Q", format=".2f")])
+    layers = [band, line]
+    if len(marks):
+        layers.append(alt.Chart(marks).mark_rule(strokeDash=[3, 2]).encode(
+            x="k:Q", color=alt.Color("kind:N", title="branch point",
+                                     scale=alt.Scale(domain=list(KIND_COLOURS),
+                                                     range=list(KIND_COLOURS.values()))),
+            tooltip=["kind", "pos", "token", "category"]))
+    return alt.layer(*layers, title=title).resolve_scale(color="independent").properties(
+        width=width, height=150)
+
+
+def takeover_chart(branches: pd.DataFrame, rollout_ids: list[str], width: int = 560):
+    """Takeover curves of ``rollout_ids`` (one panel each, every policy), with dashed
+    rules where the spikes (red) and controls (grey) sit: a rule at k = pos + 1 is where
+    the spike's token enters the prefix."""
+    import altair as alt
+
+    pts = curve_points(branches)
+    marks = branches[branches["kind"].isin(["spike", "control"]) & (branches["arm"] == "keep")]
+    marks = marks.drop_duplicates(["rollout_id", "pos", "kind"]).assign(
+        k=lambda d: d["pos"] + 1, token=lambda d: d["written_token"].fillna("").str.replace("\n", "⏎"))
+    panels = [_one_curve(pts[pts.rollout_id == rid],
+                         marks.loc[marks.rollout_id == rid, ["k", "pos", "kind", "token", "category"]],
+                         rid, width) for rid in rollout_ids]
+    return alt.vconcat(*panels)
+
+
+def forest_chart(summary: pd.DataFrame, width: int = 360):
+    """Mean branch effect (pass rate with the checkpoint's preferred token − with the
+    written one) by category, for spikes, their controls and the difference, each with its
+    bootstrap-over-problems interval; one panel per policy model."""
+    import altair as alt
+
+    df = summary
+    y = alt.Y("category:N", title=None, sort=sorted(df["category"].unique(), key=lambda c: (c == "all", c)))
+    colour = alt.Color("estimate:N", title=None, scale=alt.Scale(
+        domain=list(ESTIMATE_COLOURS), range=list(ESTIMATE_COLOURS.values())))
+    offset = alt.YOffset("estimate:N", sort=list(ESTIMATE_COLOURS))
+    zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="black").encode(x="x:Q")
+    panels = []
+    for model in sorted(df["model"].unique()):
+        part = df[df["model"] == model]
+        bars = alt.Chart(part).mark_rule().encode(
+            x=alt.X("low:Q", title="effect on pass rate (substitute − keep), 95% CI"),
+            x2="high:Q", y=y, yOffset=offset, color=colour)
+        dots = alt.Chart(part).mark_point(filled=True).encode(
+            x="mean:Q", y=y, yOffset=offset, color=colour,
+            tooltip=["model", "category", "estimate", "branches", "problems",
+                     alt.Tooltip("mean:Q", format=".3f"), alt.Tooltip("low:Q", format=".3f"),
+                     alt.Tooltip("high:Q", format=".3f")])
+        panels.append(alt.layer(bars, dots, zero, title=f"policy: {model}").properties(width=width))
+    return alt.hconcat(*panels)

@@ -1,0 +1,120 @@
+"""The ``branches`` table: pass counts of every planned context, written in resumable shards.
+
+A run is keyed by everything its rows depend on (``branches_key``): the policy models'
+identities, the rollouts table, the plan itself (positions, arms, substituted tokens,
+categories), n, the temperature, the response limit, the seed, the prompt template, the
+dtype and the grader. Batch size and prefix sharing are not in the key: continuations do
+not depend on them (seeds follow the context; see ``continuations``).
+
+Shards are (policy model, a chunk of rollouts); a shard's name carries the hash of its
+part of the plan, so a rerun with the same key skips finished shards whatever the
+chunking, and an interrupted run resumes where it stopped. One model is in memory at a
+time.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pandas as pd
+
+from .. import keys, models, schemas, storage, suite_keys
+from ..params import Params
+from .passes import pass_counts, with_prefix_len
+
+VERSION = 1  # bump when the code changes the rows it writes
+UNIQUE = ["model", "rollout_id", "kind", "pos", "arm"]
+
+
+def plan_records(plan: pd.DataFrame) -> list[dict]:
+    """The plan as sorted plain records (what the key and the shard names hash)."""
+    cols = sorted(plan.columns)
+    df = plan[cols].sort_values(UNIQUE).astype(object).where(plan[cols].notna(), None)
+    return df.to_dict("records")
+
+
+def branches_key(P: Params, plan: pd.DataFrame, rollouts_sha: str, *, n: int,
+                 temperature: float, max_new_tokens: int, seed: int) -> dict:
+    """Everything the rows of a branches run depend on."""
+    names = sorted(plan["model"].unique())
+    return {"table": "branches", "version": VERSION, "rollouts": rollouts_sha,
+            "models": {m: models.model_identity(m, P) for m in names},
+            "plan": keys.key_sha(plan_records(plan)), "rows": len(plan),
+            "sampling": {"n": int(n), "temperature": float(temperature),
+                         "max_new_tokens": int(max_new_tokens), "seed": int(seed)},
+            "template": P.prompt_template, "dtype": P.runtime.dtype,
+            "grader": suite_keys.grader(P)}
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def shard_jobs(plan: pd.DataFrame, rollouts_per_shard: int,
+               run: Callable[[str, pd.DataFrame], pd.DataFrame]) -> list[tuple[str, Callable]]:
+    """(content-keyed shard name, job) per (model, chunk of rollouts in id order)."""
+    jobs = []
+    for model, rows in plan.groupby("model", sort=True):
+        ids = sorted(rows["rollout_id"].unique())
+        for i in range(0, len(ids), max(1, rollouts_per_shard)):
+            part = rows[rows["rollout_id"].isin(ids[i:i + rollouts_per_shard])]
+            name = f"{_safe(model)}__{keys.key_sha(plan_records(part))}"
+            jobs.append((name, (lambda m=model, p=part: run(m, p))))
+    return jobs
+
+
+def to_rows(counted: pd.DataFrame, tokenizer, *, suite: str, checkpoint: str,
+            temperature: float, max_new_tokens: int, seed: int) -> pd.DataFrame:
+    """pass_counts' output in the table's columns."""
+    def text(ids):
+        return [None if pd.isna(i) else tokenizer.decode([int(i)]) for i in ids]
+
+    df = counted.copy()
+    for col in ("category", "matched_pos", "spike_rollout_id", "match", "entropy_ref",
+                "written_id", "substituted_id"):
+        if col not in df:
+            df[col] = None
+    df = df.assign(suite=suite, checkpoint=checkpoint, temperature=float(temperature),
+                   max_new_tokens=int(max_new_tokens), seed=int(seed),
+                   written_token=text(df["written_id"]),
+                   substituted_token=text(df["substituted_id"]))
+    for col in ("written_id", "substituted_id", "matched_pos"):
+        df[col] = pd.array([None if pd.isna(v) else int(v) for v in df[col]], dtype="Int32")
+    return df[schemas.BRANCHES.names]
+
+
+def run_branches(P: Params, plan: pd.DataFrame, rollouts: pd.DataFrame, gold: dict[str, str],
+                 loader: Callable[[str], models.LoadedModel], key: dict, manifest: dict, *,
+                 checkpoint: str, n: int, temperature: float, max_new_tokens: int, seed: int,
+                 batch_rows: int = 32, rollouts_per_shard: int = 4, overwrite: bool = False,
+                 folder=None) -> pd.DataFrame:
+    """Sample and grade every context of ``plan`` (columns of ``passes.PLAN_COLUMNS`` plus
+    ``model`` and any carried columns) into the suite's ``branches`` table; reuse a
+    complete table with the same key, refuse one with another key unless ``overwrite``."""
+    from ..paths import table_dir
+
+    plan = with_prefix_len(plan)
+    table = storage.ShardedTable(folder or table_dir(P.suite, "branches"), schemas.BRANCHES,
+                                 unique=UNIQUE)
+    if table.begin(key, overwrite=overwrite, what="(notebook 08, branches)"):
+        table.release()
+        print(f"reusing {table.folder}: complete, same inputs (key {keys.key_sha(key)})")
+        return storage.read_table(table.folder)
+    loaded: dict = {}
+
+    def run(model_name: str, part: pd.DataFrame) -> pd.DataFrame:
+        if model_name not in loaded:
+            loaded.clear()  # one model in memory at a time
+            loaded[model_name] = loader(model_name)
+        lm = loaded[model_name]
+        counted = pass_counts(lm.model, lm.tokenizer, part, rollouts, gold,
+                              model_name=model_name, n=n, temperature=temperature,
+                              max_new_tokens=max_new_tokens, seed=seed, batch_rows=batch_rows,
+                              timeout_s=P.grading.timeout_s, workers=P.grading.workers)
+        return to_rows(counted, lm.tokenizer, suite=P.suite, checkpoint=checkpoint,
+                       temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+
+    jobs = shard_jobs(plan, rollouts_per_shard, run)
+    storage.run_shards(table, jobs, manifest)
+    loaded.clear()
+    return storage.read_table(table.folder)
