@@ -16,6 +16,7 @@ controls) resamples problems once for both, keeping each problem's pairing.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -24,6 +25,7 @@ import pandas as pd
 from ..statistics import wilson_ci
 
 
+@functools.lru_cache(maxsize=65536)  # curves and simulations ask for the same counts often
 def newcombe_ci(k1: int, n1: int, k2: int, n2: int, alpha: float = 0.05
                 ) -> tuple[float, float, float]:
     """(p1 − p2, low, high): Newcombe's hybrid score interval for the difference of two
