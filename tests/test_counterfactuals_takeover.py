@@ -93,3 +93,29 @@ def test_grids_and_body_length():
         takeover.grid(5, 0)
     with pytest.raises(ValueError, match="one point per prefix length"):
         takeover.find_drop(curve([(0, 1, 2), (0, 1, 2)]))
+
+
+def test_locate_drop_looks_closer_at_a_short_low_stretch():
+    """Text that breaks the answer at token 9 and repairs it at token 17 (the right answer
+    written again later): the grid of 8 crosses the low stretch once (k = 16), which alone
+    is not a drop; sampling around it finds the stretch and the drop at token 9."""
+    rng = np.random.default_rng(4)
+
+    def evaluate(ks):
+        return curve([(k, rng.binomial(8, 0.05 if 10 <= k <= 17 else 0.9), 8) for k in ks])
+
+    found, points = takeover.locate_drop(evaluate, 21, step=8)
+    assert found["drop"] and found["drop_at"] - 1 == 9
+    assert takeover.find_drop(points[points.prefix_len.isin(takeover.grid(21, 8))])["drop"] is False
+
+
+def test_locate_drop_leaves_a_noise_dip_alone():
+    rng = np.random.default_rng(5)
+    seen = []
+
+    def evaluate(ks):
+        seen.extend(ks)
+        return curve([(k, 1 if k == 16 else rng.binomial(8, 0.95), 8) for k in ks])
+
+    found, points = takeover.locate_drop(evaluate, 40, step=8)
+    assert not found["drop"] and {12, 20} <= set(seen)  # it looked, and found it high

@@ -27,8 +27,9 @@ falls, and the rise must not hide the fall. Simulated on curves of 20 points at 
 (tests): false drops on flat curves at rates 0.3-0.9 ≤ 3%; a fall from 0.9 to 0.05 found
 within one point ≥ 97% of the time.
 
-``locate_drop`` finds the drop without sampling every k: a coarse grid, then bisection
-between the last high point and the first low one, assuming the curve is a step there.
+``locate_drop`` finds the drop without sampling every k: a coarse grid, a closer look
+around low grid points, then bisection between the last high point and the first low
+one, assuming the curve is a step there.
 """
 
 from __future__ import annotations
@@ -96,21 +97,59 @@ def find_drop(curve: pd.DataFrame, alpha: float = 0.05, min_drop: float = 0.3,
             "rate_at": float("nan")}
 
 
+def _lone_fall(c: pd.DataFrame, alpha: float, min_drop: float, before: int,
+               skip: set[int]) -> int | None:
+    """The first point (index into the sorted curve) that falls below the level of the
+    points before it, leaving out prefix lengths in ``skip``; None if none does."""
+    for j in range(1, len(c)):
+        if int(c.prefix_len[j]) in skip:
+            continue
+        level = _pooled(c, slice(max(0, j - before), j))
+        if _falls(level, (int(c.passes[j]), int(c.n[j])), alpha, min_drop):
+            return j
+    return None
+
+
 def locate_drop(evaluate: Callable[[list[int]], pd.DataFrame], n_tokens: int, step: int,
                 alpha: float = 0.05, min_drop: float = 0.3, before: int = 3,
                 after: int = 2) -> tuple[dict, pd.DataFrame]:
-    """Find a curve's first drop to one token: evaluate a grid of ``step`` tokens, then
-    bisect between the two grid points around the first drop (a probe is low when it
-    alone falls below the level of the points before it), and judge the drop again on
-    every point. ``evaluate(prefix_lengths)`` returns curve rows for those prefix lengths.
-    Returns (find_drop's result on all points, all points)."""
+    """Find a curve's first drop to one token without sampling every k.
+
+    1. Evaluate a grid of ``step`` tokens.
+    2. While no drop is found, a low grid point may be noise or a short low stretch that
+       the grid crosses once (text that breaks the answer and, a few tokens on, text that
+       repairs it): sample the midpoints on both sides of the first low point not yet
+       looked at, and judge again.
+    3. Bisect between the two points around the drop (a probe is low when it alone falls
+       below the level of the points before it), and judge the drop again on every point.
+
+    ``evaluate(prefix_lengths)`` returns curve rows for those prefix lengths. Returns
+    (find_drop's result on all points, all points)."""
     curve = evaluate(grid(n_tokens, step))
+
+    def sorted_curve():
+        return curve.sort_values("prefix_len").reset_index(drop=True)
+
+    looked: set[int] = set()
     found = find_drop(curve, alpha, min_drop, before, after)
+    while not found["drop"]:
+        c = sorted_curve()
+        j = _lone_fall(c, alpha, min_drop, before, looked)
+        if j is None:
+            break
+        looked.add(int(c.prefix_len[j]))
+        k = int(c.prefix_len[j])
+        neighbours = [int(c.prefix_len[i]) for i in (j - 1, j + 1) if 0 <= i < len(c)]
+        new = sorted({(a + k) // 2 for a in neighbours} - set(c.prefix_len))
+        if new:
+            curve = pd.concat([curve, evaluate(new)], ignore_index=True)
+            found = find_drop(curve, alpha, min_drop, before, after)
     if found["drop"]:
         lo, hi = found["drop_after"], found["drop_at"]
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            curve = pd.concat([curve, evaluate([mid])], ignore_index=True)
+            if mid not in set(curve.prefix_len):
+                curve = pd.concat([curve, evaluate([mid])], ignore_index=True)
             c = curve[curve.prefix_len <= mid].sort_values("prefix_len").reset_index(drop=True)
             level = _pooled(c, slice(max(0, len(c) - 1 - before), len(c) - 1))
             if _falls(level, (int(c.passes.iloc[-1]), int(c.n.iloc[-1])), alpha, min_drop):
@@ -118,4 +157,4 @@ def locate_drop(evaluate: Callable[[list[int]], pd.DataFrame], n_tokens: int, st
             else:
                 lo = mid
         found = find_drop(curve, alpha, min_drop, before, after)
-    return found, curve.sort_values("prefix_len").reset_index(drop=True)
+    return found, sorted_curve()
