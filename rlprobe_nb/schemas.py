@@ -312,12 +312,15 @@ TABLES.update({"spikes": SPIKES, "spike_regions": SPIKE_REGIONS})
 # either as it is (arm "prefix": response[:pos], a point of a takeover curve), with the
 # written token kept (arm "keep": response[:pos + 1]) or with another token swapped in
 # for it (arm "substitute": response[:pos] + [substituted_id]); prefix_len counts the
-# rollout's tokens kept. kind: "spike" (a spike of `checkpoint`), "control" (a non-spike
+# rollout's tokens kept. kind: "spike" (a spike of `checkpoint`), "departure" (where no
+# spike is significant: one of the checkpoint's strongest departures by symmetric KL, one
+# per rollout; not a significant spike), "control" (a non-spike
 # position matched to the spike at matched_pos on the reference's entropy; `match` says
 # how close: same_rollout / same_problem / other_problem), "grid" (a takeover-curve
 # point). `model` wrote the n continuations (seeded per rollout, prefix, substituted
 # token and sample: `seeds`), graded whole with the book's grader; passes of n, with a
-# Wilson 95% interval. `category` is the spike's (a control carries its spike's).
+# Wilson 95% interval. `category` is the point's token category (a control carries its
+# point's).
 BRANCHES = pa.schema(
     [
         ("suite", _str),
@@ -325,7 +328,7 @@ BRANCHES = pa.schema(
         ("model", _str),  # the policy that wrote the continuations
         ("problem_id", _str),
         ("rollout_id", _str),
-        ("kind", _str),  # spike | control | grid
+        ("kind", _str),  # spike | departure | control | grid
         ("pos", _i32),
         ("arm", _str),  # prefix | keep | substitute
         ("prefix_len", _i32),

@@ -125,3 +125,32 @@ def test_plan_covers_spikes_controls_grid_and_policies():
     assert sorted(ck[ck.kind == "grid"].pos) == [0, 10, 19, 29]  # EOS (token 29) left out: k <= 29
     assert set(ref.problem_id) == {"p1"}
     assert plan.cost(built, 8).continuations.sum() == 8 * len(built)
+    kept = built.pos + (built.arm != "prefix")
+    assert plan.cost(built, 8, 40).max_new_tokens.sum() == 8 * (40 - kept).clip(lower=0).sum()
+
+
+def test_departures_stand_in_for_spikes_one_per_rollout():
+    tokens = token_table().assign(checkpoint="ck", group="target")
+    rng = np.random.default_rng(1)
+    tokens["kl_ref_ckpt"], tokens["kl_ckpt_ref"] = rng.exponential(size=(2, len(tokens)))
+    tokens.loc[tokens.pos == 0, "kl_ref_ckpt"] = 99.0  # first tokens and EOS never count
+    tokens.loc[tokens.is_eos, "kl_ckpt_ref"] = 99.0
+    got = branching.select_departures(tokens, "ck", count=3)
+    assert len(got) == 3 and got.rollout_id.is_unique
+    assert not got.first_token.any() and not got.is_eos.any()
+    eligible = tokens[~tokens.first_token & ~tokens.is_eos]
+    best = (eligible.kl_ref_ckpt + eligible.kl_ckpt_ref).groupby(eligible.rollout_id).max()
+    strength = (got.kl_ref_ckpt + got.kl_ckpt_ref).to_numpy()
+    assert sorted(strength) == pytest.approx(sorted(best.nlargest(3)))
+    assert set(got.category) == {"unclassified"}
+
+
+def test_effects_of_departures_are_labelled_as_departures():
+    rows = [{"model": "ck", "kind": kind, "rollout_id": f"r{i}", "pos": i, "problem_id": f"p{i % 4}",
+             "category": "word", "effect": 0.1 * i} for i in range(8)
+            for kind in (["departure"] if i % 2 else ["control"])]
+    got = branching.by_category(pd.DataFrame(rows), n_boot=200)
+    assert set(got.estimate) == {"departure", "control", "departure - control"}
+    with pytest.raises(ValueError, match="one kind"):
+        branching.by_category(pd.DataFrame(rows).assign(kind=["spike", "departure"] * 4))
+    assert branching.by_category(pd.DataFrame(rows).iloc[:0]).empty

@@ -19,6 +19,12 @@ problem) that are not spikes, matched on the reference's entropy (a confident po
 and an uncertain one differ in how much any swap changes), and where the checkpoint's
 preferred alternative is swapped in just the same. Effects are averaged by spike category
 with a bootstrap over problems, and spikes are compared with their controls.
+
+Small suites may have no significant spike at all (chapter 05's test needs many contexts
+for Benjamini–Hochberg). Then, as in chapter 06, the strongest *departures* of the
+checkpoint stand in (``select_departures``: the largest symmetric KL, one per rollout,
+first and EOS tokens left out), with kind "departure" wherever they appear: they are
+where the checkpoint disagrees most, not tokens shown to be surprising.
 """
 
 from __future__ import annotations
@@ -66,6 +72,25 @@ def select_spikes(spikes: pd.DataFrame, checkpoint: str, groups=("target",),
             if queues[c] and len(chosen) < max_spikes:
                 chosen.append(queues[c].pop(0))
     return rows.loc[chosen].sort_values(["rollout_id", "pos"]).reset_index(drop=True)
+
+
+def select_departures(tokens: pd.DataFrame, checkpoint: str, groups=("target",),
+                      count: int = 8) -> pd.DataFrame:
+    """The stand-ins for spikes when none is significant: the ``count`` tokens of
+    ``checkpoint`` with the largest KL(ref‖ckpt) + KL(ckpt‖ref), one per rollout, first
+    response tokens and EOS left out, in rollouts of ``groups`` (chapter 06's rule).
+    ``tokens``: the per-token table (a ``category`` column is carried when present)."""
+    rows = tokens[tokens["checkpoint"] == checkpoint]
+    if "group" in rows and groups is not None:
+        rows = rows[rows["group"].isin(list(groups))]
+    rows = rows[~rows["first_token"].astype(bool) & ~rows["is_eos"].astype(bool)]
+    rows = rows.assign(strength=rows["kl_ref_ckpt"].astype(np.float64) + rows["kl_ckpt_ref"])
+    rows = rows.sort_values(["strength", "rollout_id", "pos"], ascending=[False, True, True])
+    picked = rows.drop_duplicates("rollout_id").head(int(count))
+    if "category" not in picked:
+        picked = picked.assign(category="unclassified")
+    picked = picked.assign(category=picked["category"].astype(object).fillna("unclassified"))
+    return picked.sort_values(["rollout_id", "pos"]).reset_index(drop=True)
 
 
 def _candidates(tokens: pd.DataFrame, spike_keys: set, gap: int) -> pd.DataFrame:
@@ -162,26 +187,38 @@ def effects(branches: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     return out.reset_index()
 
 
+def point_kind(effects_df: pd.DataFrame) -> str:
+    """The kind of the branch points compared with the controls: "spike" or, where no
+    spike was significant, "departure" (one of the two per table)."""
+    kinds = sorted(set(effects_df["kind"]) - {"control"})
+    if len(kinds) > 1:
+        raise ValueError(f"one kind of branch point per comparison, got {kinds}")
+    return kinds[0] if kinds else "spike"
+
+
 def by_category(effects_df: pd.DataFrame, n_boot: int = 2000, alpha: float = 0.05,
                 seed: int = 0) -> pd.DataFrame:
-    """Mean effect by (model, category) for spikes and for their controls, each with a
-    bootstrap over problems, and the difference spike − control (problems resampled
-    once for both). A category "all" pools every branch."""
+    """Mean effect by (model, category) for the branch points (spikes, or departures where
+    no spike was significant) and for their controls, each with a bootstrap over
+    problems, and the difference point − control (problems resampled once for both),
+    labelled e.g. "spike - control". A category "all" pools every branch."""
+    kind = point_kind(effects_df)
     pooled = pd.concat([effects_df, effects_df.assign(category="all")], ignore_index=True)
     rows = []
     for (model, cat), g in pooled.groupby(["model", "category"], sort=True):
-        spikes, controls = g[g["kind"] == "spike"], g[g["kind"] == "control"]
-        for kind, part in (("spike", spikes), ("control", controls)):
+        points, controls = g[g["kind"] == kind], g[g["kind"] == "control"]
+        for label, part in ((kind, points), ("control", controls)):
             mean, low, high = cluster_bootstrap_ci(part["effect"].to_numpy(float),
                                                    part["problem_id"].to_numpy(), n_boot,
-                                                   alpha, seed_from(seed, model, cat, kind))
-            rows.append({"model": model, "category": cat, "estimate": kind,
+                                                   alpha, seed_from(seed, model, cat, label))
+            rows.append({"model": model, "category": cat, "estimate": label,
                          "branches": len(part), "problems": part["problem_id"].nunique(),
                          "mean": mean, "low": low, "high": high})
-        diff = cluster_bootstrap_difference(spikes["effect"], spikes["problem_id"],
+        diff = cluster_bootstrap_difference(points["effect"], points["problem_id"],
                                             controls["effect"], controls["problem_id"],
                                             n_boot, alpha, seed_from(seed, model, cat, "diff"))
-        rows.append({"model": model, "category": cat, "estimate": "spike - control",
+        rows.append({"model": model, "category": cat, "estimate": f"{kind} - control",
                      "branches": len(g), "problems": g["problem_id"].nunique(),
                      "mean": diff[0], "low": diff[1], "high": diff[2]})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["model", "category", "estimate", "branches", "problems",
+                                       "mean", "low", "high"])

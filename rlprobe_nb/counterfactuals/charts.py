@@ -6,23 +6,23 @@ from __future__ import annotations
 
 import pandas as pd
 
-KIND_COLOURS = {"spike": "#c0392b", "control": "#7f8c8d"}
-ESTIMATE_COLOURS = {"spike": "#c0392b", "control": "#7f8c8d", "spike - control": "#2c3e50"}
+from .takeover import curve_points
+
+KIND_COLOURS = {"spike": "#c0392b", "departure": "#d35400", "control": "#7f8c8d"}
+ESTIMATE_COLOURS = {"spike": "#c0392b", "departure": "#d35400", "control": "#7f8c8d",
+                    "spike - control": "#2c3e50", "departure - control": "#2c3e50"}
 
 
-def curve_points(branches: pd.DataFrame) -> pd.DataFrame:
-    """Takeover-curve points of each (model, rollout): the unbranched contexts, i.e. arms
-    "prefix" and "keep" (a kept token extends the prefix by one), one per prefix length."""
-    pts = branches[branches["arm"].isin(["prefix", "keep"])]
-    cols = ["model", "rollout_id", "prefix_len", "n", "passes", "pass_rate", "wilson_low",
-            "wilson_high"]
-    return pts[cols].drop_duplicates(["model", "rollout_id", "prefix_len"]).sort_values(
-        ["model", "rollout_id", "prefix_len"]).reset_index(drop=True)
+def _present(colours: dict, values) -> dict:
+    """The entries of ``colours`` that occur in ``values`` (a legend shows only those)."""
+    seen = set(values)
+    return {k: v for k, v in colours.items() if k in seen}
 
 
 def _one_curve(points: pd.DataFrame, marks: pd.DataFrame, title: str, width: int):
     import altair as alt
 
+    kinds = _present(KIND_COLOURS, marks["kind"]) or KIND_COLOURS
     x = alt.X("prefix_len:Q", title="response tokens kept (k)")
     colour = alt.Color("model:N", title="policy")
     band = alt.Chart(points).mark_area(opacity=0.15).encode(
@@ -35,40 +35,43 @@ def _one_curve(points: pd.DataFrame, marks: pd.DataFrame, title: str, width: int
     if len(marks):
         layers.append(alt.Chart(marks).mark_rule(strokeDash=[3, 2]).encode(
             x="k:Q", color=alt.Color("kind:N", title="branch point",
-                                     scale=alt.Scale(domain=list(KIND_COLOURS),
-                                                     range=list(KIND_COLOURS.values()))),
+                                     scale=alt.Scale(domain=list(kinds), range=list(kinds.values()))),
             tooltip=["kind", "pos", "token", "category"]))
     return alt.layer(*layers, title=title).resolve_scale(color="independent").properties(
         width=width, height=150)
 
 
-def takeover_chart(branches: pd.DataFrame, rollout_ids: list[str], width: int = 560):
+def takeover_chart(branches: pd.DataFrame, rollout_ids: list[str], width: int = 560,
+                   title: str | None = None):
     """Takeover curves of ``rollout_ids`` (one panel each, every policy), with dashed
-    rules where the spikes (red) and controls (grey) sit: a rule at k = pos + 1 is where
-    the spike's token enters the prefix."""
+    rules where the branch points (spikes red, departures orange) and controls (grey)
+    sit: a rule at k = pos + 1 is where the point's token enters the prefix."""
     import altair as alt
 
     pts = curve_points(branches)
-    marks = branches[branches["kind"].isin(["spike", "control"]) & (branches["arm"] == "keep")]
+    marks = branches[branches["kind"].isin(list(KIND_COLOURS)) & (branches["arm"] == "keep")]
     marks = marks.drop_duplicates(["rollout_id", "pos", "kind"]).assign(
         k=lambda d: d["pos"] + 1, token=lambda d: d["written_token"].fillna("").str.replace("\n", "⏎"))
     panels = [_one_curve(pts[pts.rollout_id == rid],
                          marks.loc[marks.rollout_id == rid, ["k", "pos", "kind", "token", "category"]],
                          rid, width) for rid in rollout_ids]
-    return alt.vconcat(*panels)
+    return alt.vconcat(*panels, title=title or "")
 
 
-def forest_chart(summary: pd.DataFrame, width: int = 360):
+def forest_chart(summary: pd.DataFrame, width: int = 360, title: str | None = None):
     """Mean branch effect (pass rate with the checkpoint's preferred token − with the
-    written one) by category, for spikes, their controls and the difference, each with its
-    bootstrap-over-problems interval; one panel per policy model."""
+    written one) by category, for the branch points (spikes, or departures), their
+    controls and the difference, each with its bootstrap-over-problems interval; one
+    panel per policy model. Estimates without an interval (too few problems) are left
+    out of the plot."""
     import altair as alt
 
-    df = summary
+    df = summary.dropna(subset=["low", "high"])
+    present = _present(ESTIMATE_COLOURS, df["estimate"]) or ESTIMATE_COLOURS
     y = alt.Y("category:N", title=None, sort=sorted(df["category"].unique(), key=lambda c: (c == "all", c)))
     colour = alt.Color("estimate:N", title=None, scale=alt.Scale(
-        domain=list(ESTIMATE_COLOURS), range=list(ESTIMATE_COLOURS.values())))
-    offset = alt.YOffset("estimate:N", sort=list(ESTIMATE_COLOURS))
+        domain=list(present), range=list(present.values())))
+    offset = alt.YOffset("estimate:N", sort=list(present))
     zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="black").encode(x="x:Q")
     panels = []
     for model in sorted(df["model"].unique()):
@@ -82,4 +85,4 @@ def forest_chart(summary: pd.DataFrame, width: int = 360):
                      alt.Tooltip("mean:Q", format=".3f"), alt.Tooltip("low:Q", format=".3f"),
                      alt.Tooltip("high:Q", format=".3f")])
         panels.append(alt.layer(bars, dots, zero, title=f"policy: {model}").properties(width=width))
-    return alt.hconcat(*panels)
+    return alt.hconcat(*panels, title=title or "")

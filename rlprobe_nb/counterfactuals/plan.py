@@ -1,5 +1,6 @@
-"""What chapter 08 samples: one row per (policy model, context), from the selected spikes,
-their matched controls and the takeover-curve grid of a few case-study rollouts.
+"""What chapter 08 samples: one row per (policy model, context), from the selected branch
+points (spikes, or departures where no spike is significant), their matched controls and
+the takeover-curve grid of a few case-study rollouts.
 
 The cost is the number of rows times n continuations (each up to the response limit
 minus its prefix), so the notebook prints it before anything is sampled.
@@ -17,7 +18,7 @@ COLUMNS = ["model", "rollout_id", "problem_id", "kind", "pos", "arm", "substitut
 
 
 def case_studies(selected: pd.DataFrame, count: int) -> list[str]:
-    """The ``count`` rollouts with the most selected spikes (ties: by id)."""
+    """The ``count`` rollouts with the most selected points (ties: by id)."""
     per = selected.groupby("rollout_id").size().reset_index(name="spikes")
     per = per.sort_values(["spikes", "rollout_id"], ascending=[False, True])
     return per["rollout_id"].head(count).tolist()
@@ -42,12 +43,14 @@ def grid_rows(rollouts: pd.DataFrame, tokens: pd.DataFrame, rollout_ids: list[st
 
 def build(selected: pd.DataFrame, controls: pd.DataFrame, tokens: pd.DataFrame,
           rollouts: pd.DataFrame, policies: dict[str, set[str] | None], *,
-          case_study_ids: list[str], grid_points: int, special: set[int]) -> pd.DataFrame:
-    """The plan: keep/substitute arms at every selected spike and matched control, and the
-    grid of the case studies, for each policy model. ``policies`` maps a model to the
-    problem ids it continues (None: all)."""
+          case_study_ids: list[str], grid_points: int, special: set[int],
+          point_kind: str = "spike") -> pd.DataFrame:
+    """The plan: keep/substitute arms at every selected point (of kind ``point_kind``:
+    "spike" or "departure") and matched control, and the grid of the case studies, for
+    each policy model. ``policies`` maps a model to the problem ids it continues (None:
+    all)."""
     spikes = selected[["rollout_id", "problem_id", "pos", "category"]]
-    parts = [branch_arms(spikes, tokens, "spike", exclude=special),
+    parts = [branch_arms(spikes, tokens, point_kind, exclude=special),
              branch_arms(controls.drop(columns=["entropy_ref", "entropy_gap"]), tokens,
                          "control", exclude=special),
              grid_rows(rollouts, tokens, case_study_ids, grid_points, special)]
@@ -60,7 +63,15 @@ def build(selected: pd.DataFrame, controls: pd.DataFrame, tokens: pd.DataFrame,
     return plan.drop_duplicates(["model", "rollout_id", "kind", "pos", "arm"]).reset_index(drop=True)
 
 
-def cost(plan: pd.DataFrame, n: int) -> pd.DataFrame:
-    """Contexts and continuations to sample, by policy and kind of row."""
+def cost(plan: pd.DataFrame, n: int, max_new_tokens: int | None = None) -> pd.DataFrame:
+    """Contexts and continuations to sample, by policy and kind of row; with
+    ``max_new_tokens``, also the most new tokens they can write (n × the budget each
+    context leaves: the response limit minus the rollout tokens it keeps)."""
     out = plan.groupby(["model", "kind"]).size().rename("contexts").reset_index()
-    return out.assign(continuations=out["contexts"] * n)
+    out = out.assign(continuations=out["contexts"] * n)
+    if max_new_tokens is not None:
+        kept = plan["pos"] + (plan["arm"] != "prefix").astype(int)  # keep/substitute add one
+        budget = (int(max_new_tokens) - kept).clip(lower=0) * n
+        most = budget.groupby([plan["model"], plan["kind"]]).sum()
+        out["max_new_tokens"] = [int(most[(m, k)]) for m, k in zip(out["model"], out["kind"])]
+    return out

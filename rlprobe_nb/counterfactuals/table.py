@@ -1,24 +1,30 @@
-"""The ``branches`` table: pass counts of every planned context, written in resumable shards.
+"""The ``branches`` table: pass counts of every planned context, keyed on the token tables
+and computed in resumable shards.
 
-A run is keyed by everything its rows depend on (``branches_key``): the policy models'
-identities, the rollouts table, the plan itself (positions, arms, substituted tokens,
-categories), n, the temperature, the response limit, the seed, the prompt template, the
-dtype and the grader. Batch size and prefix sharing are not in the key: continuations do
-not depend on them (seeds follow the context; see ``continuations``).
+What its rows depend on (``branches_settings``): the policy models' identities, the
+rollouts table, the plan itself (positions, arms, substituted tokens, categories), n, the
+temperature, the response limit, the seed, the prompt template, the dtype and the grader.
+``suite_tables.derived_key`` adds the token tables the plan was drawn from, so the table
+is refused as stale (``suite_tables.read_derived``) once any of them changes. Batch size
+and prefix sharing are in no key: continuations do not depend on them (seeds follow the
+context; see ``continuations``).
 
-Shards are (policy model, a chunk of rollouts); a shard's name carries the hash of its
-part of the plan, so a rerun with the same key skips finished shards whatever the
-chunking, and an interrupted run resumes where it stopped. One model is in memory at a
-time.
+Work goes shard by shard into ``branches_shards`` (shards: policy model × a chunk of
+rollouts, each named by the hash of its part of the plan), keyed like the table, so an
+interrupted run resumes where it stopped and a run with other inputs is refused unless
+``overwrite``. Once every shard exists they become the one ``branches`` table (written
+through ``suite_tables.write_derived``) and the shard folder is removed. One model is in
+memory at a time.
 """
 
 from __future__ import annotations
 
+import shutil
 from typing import Callable
 
 import pandas as pd
 
-from .. import keys, models, schemas, storage, suite_keys
+from .. import keys, models, paths, schemas, storage, suite_keys, suite_tables
 from ..params import Params
 from .passes import pass_counts, with_prefix_len
 
@@ -33,11 +39,11 @@ def plan_records(plan: pd.DataFrame) -> list[dict]:
     return df.to_dict("records")
 
 
-def branches_key(P: Params, plan: pd.DataFrame, rollouts_sha: str, *, n: int,
-                 temperature: float, max_new_tokens: int, seed: int) -> dict:
-    """Everything the rows of a branches run depend on."""
+def branches_settings(P: Params, plan: pd.DataFrame, rollouts_sha: str, *, checkpoint: str,
+                      n: int, temperature: float, max_new_tokens: int, seed: int) -> dict:
+    """Everything the rows of a branches run depend on besides the token tables."""
     names = sorted(plan["model"].unique())
-    return {"table": "branches", "version": VERSION, "rollouts": rollouts_sha,
+    return {"code_version": VERSION, "checkpoint": checkpoint, "rollouts": rollouts_sha,
             "models": {m: models.model_identity(m, P) for m in names},
             "plan": keys.key_sha(plan_records(plan)), "rows": len(plan),
             "sampling": {"n": int(n), "temperature": float(temperature),
@@ -84,22 +90,23 @@ def to_rows(counted: pd.DataFrame, tokenizer, *, suite: str, checkpoint: str,
 
 
 def run_branches(P: Params, plan: pd.DataFrame, rollouts: pd.DataFrame, gold: dict[str, str],
-                 loader: Callable[[str], models.LoadedModel], key: dict, manifest: dict, *,
+                 loader: Callable[[str], models.LoadedModel], settings: dict, manifest: dict, *,
                  checkpoint: str, n: int, temperature: float, max_new_tokens: int, seed: int,
                  batch_rows: int = 32, rollouts_per_shard: int = 4, overwrite: bool = False,
-                 folder=None) -> pd.DataFrame:
+                 producer: str = "notebooks/08_counterfactuals") -> pd.DataFrame:
     """Sample and grade every context of ``plan`` (columns of ``passes.PLAN_COLUMNS`` plus
-    ``model`` and any carried columns) into the suite's ``branches`` table; reuse a
-    complete table with the same key, refuse one with another key unless ``overwrite``."""
-    from ..paths import table_dir
-
+    ``model`` and any carried columns) into the suite's ``branches`` table and return it.
+    A complete table with the same key (``settings`` + the current token tables) is
+    reused; one with another key is refused unless ``overwrite``."""
     plan = with_prefix_len(plan)
-    table = storage.ShardedTable(folder or table_dir(P.suite, "branches"), schemas.BRANCHES,
-                                 unique=UNIQUE)
-    if table.begin(key, overwrite=overwrite, what="(notebook 08, branches)"):
-        table.release()
-        print(f"reusing {table.folder}: complete, same inputs (key {keys.key_sha(key)})")
-        return storage.read_table(table.folder)
+    folder = paths.table_dir(P.suite, "branches")
+    key = suite_tables.derived_key(P, "branches", settings)
+    if storage.plan_reuse(folder, key, overwrite):
+        print(f"reusing {folder}: complete, same inputs (key {keys.key_sha(key)})")
+        return suite_tables.read_derived(P, "branches")
+    work = storage.ShardedTable(paths.table_dir(P.suite, "branches_shards"), schemas.BRANCHES,
+                                unique=UNIQUE)
+    work.begin(key, overwrite=overwrite, what=f"({producer}, branches)")
     loaded: dict = {}
 
     def run(model_name: str, part: pd.DataFrame) -> pd.DataFrame:
@@ -115,6 +122,13 @@ def run_branches(P: Params, plan: pd.DataFrame, rollouts: pd.DataFrame, gold: di
                        temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
 
     jobs = shard_jobs(plan, rollouts_per_shard, run)
-    storage.run_shards(table, jobs, manifest)
+    if jobs:
+        storage.run_shards(work, jobs, manifest)
+        frame = storage.read_table(work.folder)
+    else:  # nothing to branch at: an empty table, keyed all the same
+        work.release()
+        frame = schemas.BRANCHES.empty_table().to_pandas()
     loaded.clear()
-    return storage.read_table(table.folder)
+    suite_tables.write_derived(P, "branches", frame, schemas.BRANCHES, manifest, settings, producer)
+    shutil.rmtree(work.folder, ignore_errors=True)
+    return suite_tables.read_derived(P, "branches")

@@ -158,3 +158,39 @@ def locate_drop(evaluate: Callable[[list[int]], pd.DataFrame], n_tokens: int, st
                 lo = mid
         found = find_drop(curve, alpha, min_drop, before, after)
     return found, sorted_curve()
+
+
+def curve_points(branches: pd.DataFrame) -> pd.DataFrame:
+    """Takeover-curve points of each (model, rollout) in a ``branches`` table: the
+    unbranched contexts, i.e. arms "prefix" and "keep" (a kept token extends the prefix by
+    one), one per prefix length."""
+    pts = branches[branches["arm"].isin(["prefix", "keep"])]
+    cols = ["model", "rollout_id", "prefix_len", "n", "passes", "pass_rate", "wilson_low",
+            "wilson_high"]
+    return pts[cols].drop_duplicates(["model", "rollout_id", "prefix_len"]).sort_values(
+        ["model", "rollout_id", "prefix_len"]).reset_index(drop=True)
+
+
+def curve_drops(branches: pd.DataFrame, rollout_ids: list[str], alpha: float = 0.05,
+                min_drop: float = 0.3) -> pd.DataFrame:
+    """``find_drop`` on the curve of each (model, rollout) of ``rollout_ids``, and the
+    branch points whose token enters the prefix inside the drop (k = pos + 1 in
+    (drop_after, drop_at]). One row per curve: model, rollout_id, points, start (pass
+    rate at k = 0), drop, drop_after, drop_at, level, rate_at, points_inside."""
+    pts = curve_points(branches[branches["rollout_id"].isin(list(rollout_ids))])
+    marks = branches[(branches["arm"] == "keep") & (branches["kind"] != "grid")]
+    rows = []
+    for (model, rid), curve in pts.groupby(["model", "rollout_id"], sort=True):
+        found = find_drop(curve, alpha, min_drop)
+        inside = []
+        if found["drop"]:
+            mine = marks[(marks["model"] == model) & (marks["rollout_id"] == rid)]
+            inside = [f"{k} @ {p}" for k, p in zip(mine["kind"], mine["pos"])
+                      if found["drop_after"] < p + 1 <= found["drop_at"]]
+        first = curve.sort_values("prefix_len").iloc[0]
+        rows.append({"model": model, "rollout_id": rid, "points": len(curve),
+                     "start": float(first["pass_rate"]), **found,
+                     "points_inside": ", ".join(inside)})
+    return pd.DataFrame(rows, columns=["model", "rollout_id", "points", "start", "drop",
+                                       "drop_after", "drop_at", "level", "rate_at",
+                                       "points_inside"])
