@@ -223,9 +223,15 @@ else:
 # ## What this says
 #
 # Whether the points chosen here matter more than their controls, in numbers read from
-# the tables above.
+# the tables above. The bootstrap resamples problems, not continuations: when every
+# branch shows the same effect (say 0 of n on both arms everywhere) its interval has no
+# width, which says the branches agree, not that each effect is known; each branch's own
+# Newcombe interval says how much n continuations can tell.
 
 # %%
+half = ((EFFECTS.effect_high - EFFECTS.effect_low) / 2).median()
+print(f"{len(EFFECTS)} branches of n = {C.n} continuations per arm; a branch's own 95% interval "
+      f"reaches ± {half:.2f} around its effect (median half-width)")
 for row in SUMMARY[SUMMARY.category == "all"].itertuples():
     verdict = ("cannot be told apart from" if not row.low > 0 and not row.high < 0
                else "is larger than" if row.low > 0 else "is smaller than")
