@@ -27,7 +27,7 @@ def _one_curve(points: pd.DataFrame, marks: pd.DataFrame, title: str, width: int
     colour = alt.Color("model:N", title="policy")
     band = alt.Chart(points).mark_area(opacity=0.15).encode(
         x=x, y=alt.Y("wilson_low:Q", title="pass rate (Wilson 95%)", scale=alt.Scale(domain=[0, 1])),
-        y2="wilson_high:Q", color=colour)
+        y2="wilson_high:Q", color=alt.Color("model:N", legend=None))
     line = alt.Chart(points).mark_line(point=True).encode(
         x=x, y="pass_rate:Q", color=colour,
         tooltip=["model", "prefix_len", "passes", "n", alt.Tooltip("pass_rate:Q", format=".2f")])
@@ -77,7 +77,8 @@ def forest_chart(summary: pd.DataFrame, width: int = 360, title: str | None = No
     for model in sorted(df["model"].unique()):
         part = df[df["model"] == model]
         bars = alt.Chart(part).mark_rule().encode(
-            x=alt.X("low:Q", title="effect on pass rate (substitute − keep), 95% CI"),
+            x=alt.X("low:Q", title="effect on pass rate (substitute − keep), 95% CI",
+                    scale=alt.Scale(domain=[-1, 1])),
             x2="high:Q", y=y, yOffset=offset, color=colour)
         dots = alt.Chart(part).mark_point(filled=True).encode(
             x="mean:Q", y=y, yOffset=offset, color=colour,
