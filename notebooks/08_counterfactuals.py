@@ -111,7 +111,7 @@ avoid = pd.concat([selected[["rollout_id", "pos"]], SPIKES[["rollout_id", "pos"]
 controls = branching.match_controls(selected, tokens, avoid, caliper=C.caliper, seed=C.seed)
 print(f"{len(spiked)} significant spikes of {checkpoint!r} in group {group!r}: branching at "
       f"{len(selected)} {label} point(s); {len(controls)} matched controls "
-      f"({dict(controls['match'].value_counts())})")
+      f"({controls['match'].value_counts().to_dict()})")
 selected[["rollout_id", "pos", "token", "category", "kl_ref_ckpt", "kl_ckpt_ref", "entropy_ref"]
          ] if point_kind == "departure" else selected[["rollout_id", "pos", "token", "category", "q"]]
 
