@@ -1,7 +1,7 @@
 """Parameters: one YAML per suite and one per checkpoint, validated against a schema.
 
 ``params/<suite>/suite.yaml`` holds the suite (models, problems, grading, filtering,
-rollouts, forcing, runtime). Every other ``params/<suite>/<name>.yaml`` is a checkpoint of
+rollouts, forcing, counterfactuals, runtime). Every other ``params/<suite>/<name>.yaml`` is a checkpoint of
 the run: its ``step``, its ``model`` and optional overrides of ``forcing``/``runtime``.
 Adding a checkpoint is adding a file. Everything is checked before any model is loaded:
 an unknown or misspelled key, a wrong type or an unknown checkpoint raises ParamsError
@@ -99,6 +99,22 @@ class ForcingParams:
 
 
 @dataclass
+class CounterfactualsParams:
+    # Chapter 08 (rlprobe_nb.counterfactuals): how much is sampled. Every context costs n
+    # continuations of up to max_new_tokens minus its prefix, so these cap the cost.
+    n: int = 8  # continuations per context (one Wilson interval each)
+    max_points: int = 24  # branch points (spikes, else departures) at the checkpoint
+    grid_points: int = 8  # takeover-curve prefix lengths per case-study rollout
+    case_studies: int = 2  # rollouts that get a whole takeover curve
+    temperature: float = 0.7
+    max_new_tokens: Optional[int] = None  # whole-response limit; None: the rollouts'
+    ref_min_pass: float = 0.1  # the reference continues only problems it solves this often
+    caliper: float = 0.25  # controls: largest gap in the reference's entropy (nats)
+    batch_rows: int = 32  # rows per generate call (not in any key: rows do not depend on it)
+    seed: int = 0
+
+
+@dataclass
 class RuntimeParams:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "float32"  # float32 | bfloat16 | float16
@@ -128,6 +144,11 @@ RANGES = {
     "rollouts.max_new_tokens": (1, None), "rollouts.batch_size": (1, None),
     "forcing.batch_tokens": (1, None), "forcing.chunk_positions": (1, None),
     "forcing.topk": (1, 1000), "forcing.max_rollouts": (1, None),
+    "counterfactuals.n": (1, 10000), "counterfactuals.max_points": (1, None),
+    "counterfactuals.grid_points": (2, None), "counterfactuals.case_studies": (0, None),
+    "counterfactuals.temperature": (0.0, 10.0), "counterfactuals.max_new_tokens": (1, None),
+    "counterfactuals.ref_min_pass": (0.0, 1.0), "counterfactuals.caliper": (0.0, None),
+    "counterfactuals.batch_rows": (1, None),
 }
 
 # Suite, model and checkpoint names become folder names: plain names only.
@@ -169,6 +190,7 @@ SECTIONS = {
     "filtering": FilteringParams,
     "rollouts": RolloutsParams,
     "forcing": ForcingParams,
+    "counterfactuals": CounterfactualsParams,
     "runtime": RuntimeParams,
 }
 SUITE_KEYS = {"suite", "description", "reference", "target", "prompt_template", "models",
@@ -191,6 +213,7 @@ class Params:
     filtering: FilteringParams
     rollouts: RolloutsParams
     forcing: ForcingParams
+    counterfactuals: CounterfactualsParams
     runtime: RuntimeParams
     files: list[str]
     overrides: dict[str, Any] = field(default_factory=dict)  # as given to load()

@@ -306,3 +306,53 @@ SPIKE_REGIONS = pa.schema(
 )
 
 TABLES.update({"spikes": SPIKES, "spike_regions": SPIKE_REGIONS})
+
+# --- Chapter 08, counterfactuals ---------------------------------------------------------
+# One row per context a policy model continued: a rollout cut at response token `pos`,
+# either as it is (arm "prefix": response[:pos], a point of a takeover curve), with the
+# written token kept (arm "keep": response[:pos + 1]) or with another token swapped in
+# for it (arm "substitute": response[:pos] + [substituted_id]); prefix_len counts the
+# rollout's tokens kept. kind: "spike" (a spike of `checkpoint`), "departure" (where no
+# spike is significant: one of the checkpoint's strongest departures by symmetric KL, one
+# per rollout; not a significant spike), "control" (a non-spike
+# position matched to the spike at matched_pos on the reference's entropy; `match` says
+# how close: same_rollout / same_problem / other_problem), "grid" (a takeover-curve
+# point). `model` wrote the n continuations (seeded per rollout, prefix, substituted
+# token and sample: `seeds`), graded whole with the book's grader; passes of n, with a
+# Wilson 95% interval. `category` is the point's token category (a control carries its
+# point's).
+BRANCHES = pa.schema(
+    [
+        ("suite", _str),
+        ("checkpoint", _str),  # whose spikes chose the positions
+        ("model", _str),  # the policy that wrote the continuations
+        ("problem_id", _str),
+        ("rollout_id", _str),
+        ("kind", _str),  # spike | departure | control | grid
+        ("pos", _i32),
+        ("arm", _str),  # prefix | keep | substitute
+        ("prefix_len", _i32),
+        ("written_id", _i32),  # the rollout's token at pos; null at the end of the response
+        ("written_token", _str),
+        ("substituted_id", _i32),  # null unless arm == "substitute"
+        ("substituted_token", _str),
+        ("category", _str),
+        ("matched_pos", _i32),  # controls: the spike's position (in spike_rollout_id)
+        ("spike_rollout_id", _str),
+        ("match", _str),
+        ("entropy_ref", _f32),  # the reference's entropy at pos (nats)
+        ("n", _i32),
+        ("passes", _i32),
+        ("pass_rate", _f64),
+        ("wilson_low", _f64),
+        ("wilson_high", _f64),
+        ("n_stopped", _i32),  # continuations that ended with EOS (the rest hit the limit)
+        ("mean_new_tokens", _f32),
+        ("temperature", _f32),
+        ("max_new_tokens", _i32),  # the response's limit, prefix included
+        ("seed", _i64),  # the run's seed
+        ("seeds", pa.list_(_i64)),  # the n continuations' seeds
+    ]
+)
+
+TABLES["branches"] = BRANCHES

@@ -1,0 +1,142 @@
+"""Seeded continuations: the same tokens whatever the batch size, with or without the
+shared prefix cache, and in fresh processes; budgets and EOS handled per row."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlprobe_nb import models, params, prompting
+from rlprobe_nb.counterfactuals import continuations as C
+
+REPO = Path(__file__).resolve().parents[1]
+PROBLEMS = ["What is $2+3$?", "What is $12 \\times 4$?", "Solve $3x = 14$ for $x$."]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: on a shared 2-core machine two threads wait on each other far
+    longer than the tiny model computes."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random Llama with the demo tokenizer, saved so fresh processes load it."""
+    P = params.load("demo")
+    tok = models.load_tokenizer(P.reference, P)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(cfg).eval()
+    folder = tmp_path_factory.mktemp("tiny")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder, model, tok
+
+
+def contexts_and_seeds(tok, n=4, limit=24):
+    """Contexts of three prompts and fake responses cut at several k, one substituted."""
+    out, seeds = [], []
+    for i, problem in enumerate(PROBLEMS):
+        prompt = tuple(prompting.prompt_ids(tok, problem))
+        response = tok.encode(f"We add {i} and {i + 3} to get {2 * i + 3}.", add_special_tokens=False)
+        for k, sub in ((0, None), (3, None), (5, None), (5, response[1])):
+            out.append(C.Context(prompt, C.branch_response(response, k, sub), limit))
+            seeds.append([C.continuation_seed(7, "tiny", f"r{i}", k, sub, s) for s in range(n)])
+    return out, seeds
+
+
+SCRIPT = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+sys.path.insert(0, sys.argv[2])
+from test_counterfactuals_continuations import contexts_and_seeds
+from rlprobe_nb.counterfactuals import continuations as C
+torch.set_num_threads(1)
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+ctx, seeds = contexts_and_seeds(tok)
+print(json.dumps(C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=8)))
+"""
+
+
+def test_batch_size_and_prefix_sharing_do_not_change_continuations(tiny):
+    _, model, tok = tiny
+    ctx, seeds = contexts_and_seeds(tok)
+    one = C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=1, share_prefix=False)
+    for rows, share in ((8, True), (8, False), (5, True), (64, True)):
+        assert C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=rows,
+                                   share_prefix=share) == one, (rows, share)
+    flat = [ids for per in one for ids, _ in per]
+    assert len(set(map(tuple, flat))) > len(flat) // 2  # samples differ: the seeds matter
+
+
+def test_fresh_processes_give_the_same_continuations(tiny):
+    folder, model, tok = tiny
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", SCRIPT, str(folder), str(REPO / "tests")],
+                             capture_output=True, text=True, cwd=REPO, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    ctx, seeds = contexts_and_seeds(tok)
+    here = C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=1)
+    assert runs[0] == runs[1] == json.loads(json.dumps(here))
+
+
+def test_a_seed_belongs_to_its_context():
+    base = C.continuation_seed(0, "m", "r", 3, None, 0)
+    assert base == C.continuation_seed(0, "m", "r", 3, None, 0)
+    others = {C.continuation_seed(0, "m", "r", 3, None, 1), C.continuation_seed(0, "m", "r", 4, None, 0),
+              C.continuation_seed(0, "m", "r", 3, 11, 0), C.continuation_seed(0, "m", "q", 3, None, 0),
+              C.continuation_seed(0, "x", "r", 3, None, 0), C.continuation_seed(1, "m", "r", 3, None, 0)}
+    assert base not in others and len(others) == 6
+
+
+def test_budgets_stop_each_row_and_eos_is_kept(tiny):
+    _, model, tok = tiny
+    ctx, seeds = contexts_and_seeds(tok, n=3, limit=12)
+    out = C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=6)
+    for c, per in zip(ctx, out):
+        for ids, reason in per:
+            assert len(c.response_ids) + len(ids) <= 12
+            if reason == "stop":
+                assert ids[-1] == tok.eos_token_id and tok.eos_token_id not in ids[:-1]
+            else:
+                assert len(c.response_ids) + len(ids) == 12 and tok.eos_token_id not in ids
+    full = C.Context(ctx[0].prompt_ids, tuple(range(100, 112)), 12)  # no budget left
+    assert C.continue_contexts(model, tok, [full], [[1, 2]], 1.0) == [[([], "length")] * 2]
+
+
+def test_greedy_continuation_equals_the_models_argmax(tiny):
+    _, model, tok = tiny
+    ctx, _ = contexts_and_seeds(tok)
+    c = ctx[1]
+    (ids, _), = C.continue_contexts(model, tok, [c], [[0]], 0.0)[0]
+    seq = list(c.prompt_ids + c.response_ids)
+    with torch.no_grad():
+        for t in ids:
+            assert t == int(model(torch.tensor([seq])).logits[0, -1].argmax())
+            seq.append(t)
+
+
+def test_branch_response_and_bad_arguments():
+    assert C.branch_response([5, 6, 7], 2, None) == (5, 6)
+    assert C.branch_response([5, 6, 7], 2, 9) == (5, 6, 9)
+    with pytest.raises(ValueError, match="outside the response"):
+        C.branch_response([5, 6, 7], 4, None)
+    with pytest.raises(ValueError, match="same number of seeds"):
+        C.continue_contexts(None, None, [C.Context((1,), (), 4)] * 2, [[1], [1, 2]], 1.0)

@@ -1,0 +1,109 @@
+"""The branches table: written through suite_tables (keyed on the token tables), reused
+with the same inputs, refused when stale or when its inputs changed, resumable shard by
+shard after an interruption. A tiny random model writes the continuations."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlprobe_nb import grading, models, params, prompting, storage, suite_tables
+from rlprobe_nb.counterfactuals import table
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    P = params.load("demo")
+    tok = models.load_tokenizer(P.reference, P)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    yield models.LoadedModel("tiny", LlamaForCausalLM(cfg).eval(), tok)
+    grading.shutdown()
+
+
+@pytest.fixture()
+def suite(tmp_path, monkeypatch, tiny):
+    """The demo suite's parameters writing under tmp_path, token tables stubbed by their
+    key hashes (``shas``, mutable), model identities by their names."""
+    monkeypatch.setenv("RLPROBE_OUT", str(tmp_path))
+    shas = {"rlvr_step_1200__vs__dpo": "aaaa"}
+    monkeypatch.setattr(suite_tables, "token_shas", lambda P, pairs=None: dict(shas))
+    monkeypatch.setattr(models, "model_identity", lambda name, P: {"name": name})
+    P = params.load("demo")
+    tok = tiny.tokenizer
+    rollouts = pd.DataFrame([{
+        "rollout_id": f"p{i}#0", "problem_id": f"p{i}",
+        "prompt_ids": prompting.prompt_ids(tok, f"What is {i} + 3?"),
+        "response_ids": tok.encode(f"We add {i} and 3 to get {i + 3}.", add_special_tokens=False)}
+        for i in range(3)])
+    plan = pd.DataFrame([
+        {"model": "tiny", "rollout_id": f"p{i}#0", "problem_id": f"p{i}", "kind": kind, "pos": 4,
+         "arm": arm, "substituted_id": tok.encode(" 7", add_special_tokens=False)[0]
+         if arm == "substitute" else None, "category": "number"}
+        for i in range(3) for kind, arm in (("departure", "keep"), ("departure", "substitute"),
+                                            ("grid", "prefix"))])
+    gold = {f"p{i}": str(i + 3) for i in range(3)}
+    settings = table.branches_settings(P, plan, "rollouts-sha", checkpoint="rlvr_step_1200",
+                                       n=2, temperature=1.0, max_new_tokens=12, seed=0)
+    return {"P": P, "plan": plan, "rollouts": rollouts, "gold": gold, "settings": settings,
+            "shas": shas}
+
+
+def run(s, tiny, settings=None, overwrite=False, loader=None):
+    return table.run_branches(s["P"], s["plan"], s["rollouts"], s["gold"], loader or (lambda m: tiny),
+                              settings or s["settings"], {}, checkpoint="rlvr_step_1200", n=2,
+                              temperature=1.0, max_new_tokens=12, seed=0, batch_rows=4,
+                              rollouts_per_shard=1, overwrite=overwrite)
+
+
+def never(name):
+    raise AssertionError("a reused table loads no model")
+
+
+def test_written_keyed_reused_and_refused_when_stale(suite, tiny):
+    first = run(suite, tiny)
+    assert len(first) == len(suite["plan"]) and set(first.kind) == {"departure", "grid"}
+    assert (first.n == 2).all() and first.seeds.map(len).eq(2).all()
+    assert not table.paths.table_dir("demo", "branches_shards").exists()  # shards folded in
+    again = run(suite, tiny, loader=never)  # same inputs: reused
+    pd.testing.assert_frame_equal(again, first)
+    with pytest.raises(storage.StaleTableError, match="sampling"):  # other sampling: refused
+        run(suite, tiny, settings={**suite["settings"], "sampling": {"n": 3}}, loader=never)
+    suite["shas"]["rlvr_step_1200__vs__dpo"] = "bbbb"  # a token table was recomputed
+    with pytest.raises(storage.StaleTableError, match="aaaa -> bbbb"):
+        suite_tables.read_derived(suite["P"], "branches")
+    with pytest.raises(storage.StaleTableError):
+        run(suite, tiny, loader=never)
+    redone = run(suite, tiny, overwrite=True)
+    pd.testing.assert_frame_equal(redone, first)  # seeded: the same rows again
+    assert len(suite_tables.read_derived(suite["P"], "branches")) == len(first)
+
+
+def test_an_interrupted_run_resumes_from_its_shards(suite, tiny, monkeypatch):
+    calls = []
+    real = table.pass_counts
+
+    def flaky(*args, **kw):
+        calls.append(sorted(set(args[2].rollout_id)))
+        if len(calls) == 2:
+            raise KeyboardInterrupt("interrupted")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(table, "pass_counts", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        run(suite, tiny)
+    assert not storage.is_complete(table.paths.table_dir("demo", "branches"))
+    done = len(calls)
+    out = run(suite, tiny)
+    assert len(calls) - done == 2, "only the two unfinished shards are computed again"
+    monkeypatch.setattr(table, "pass_counts", real)
+    fresh = run(suite, tiny, overwrite=True, settings={**suite["settings"], "again": 1})
+    cols = ["rollout_id", "kind", "arm", "passes", "seeds"]
+    pd.testing.assert_frame_equal(
+        out[cols].sort_values(cols[:3]).reset_index(drop=True),
+        fresh[cols].sort_values(cols[:3]).reset_index(drop=True))
