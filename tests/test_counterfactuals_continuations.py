@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlprobe_nb import models, params, prompting
+from rlprobe_nb import prompting
 from rlprobe_nb.counterfactuals import continuations as C
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,22 +27,6 @@ def one_thread():
     yield
     torch.set_num_threads(before)
 
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny random Llama with the demo tokenizer, saved so fresh processes load it."""
-    P = params.load("demo")
-    tok = models.load_tokenizer(P.reference, P)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model = LlamaForCausalLM(cfg).eval()
-    folder = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder, model, tok
 
 
 def contexts_and_seeds(tok, n=4, limit=24):

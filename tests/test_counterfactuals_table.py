@@ -6,23 +6,17 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlprobe_nb import grading, models, params, prompting, storage, suite_tables
 from rlprobe_nb.counterfactuals import table
 
+from conftest import tiny_llama
+
 
 @pytest.fixture(scope="module")
 def tiny():
-    P = params.load("demo")
-    tok = models.load_tokenizer(P.reference, P)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    yield models.LoadedModel("tiny", LlamaForCausalLM(cfg).eval(), tok)
+    model, tok = tiny_llama()
+    yield models.LoadedModel("tiny", model, tok)
     grading.shutdown()
 
 
