@@ -10,7 +10,7 @@ import pytest
 from rlprobe_nb import grading, models, params, prompting, storage, suite_tables
 from rlprobe_nb.counterfactuals import table
 
-from conftest import tiny_llama
+from tiny_models import tiny_llama
 
 
 @pytest.fixture(scope="module")
