@@ -16,18 +16,27 @@ so its keys and values depend on no other prompt), once for the waiting requests
 share it (a problem's samples), copied into their slots, and each slot's first token is
 drawn from the prompt's last logits. Tokens are drawn by ``sampling.draw``. So a
 sequence's tokens depend on its own prompt, seed and temperature, and on the number of
-slots (the matrix shapes); not on which sequences share the batch or when they came in.
+slots (the matrix shapes) and the device; not on which sequences share the batch or when
+they came in.
 
 Speed. Requests are taken longest prompt first, a problem's samples together. On CUDA the
 whole decode step (mask, forward, sampler, counters: tensor operations on preallocated
 buffers, no host synchronisation) is captured in CUDA graphs, one per attention span (a
 quarter, half, three quarters or all of the buffers' length), so a step is one graph
-launch; the sampler is compiled. On the CPU the step runs eagerly over the span of the
-longest live sequence, and the batch shrinks to its live slots once half of them are idle
-and nothing waits (a change of shape: its rounding may differ in the last bits).
-``slots="auto"`` takes the largest number of slots the free device memory holds; an
-out-of-memory error halves the number and goes on (accelerate's
-``find_executable_batch_size``), keeping the finished sequences.
+launch; the sampler is compiled. A prompt's prefill is a graph too, one per prompt length
+rounded up to SPAN_STEP (the prompt is padded after its end; attention is causal, so the
+padding changes none of its positions). The engine (buffers and graphs) is kept for the
+next call with the same model and number of slots (``release`` frees it), so a table's
+shards capture once. With ``RLPROBE_COMPILE_DECODE=1`` the step's model call also goes
+through ``torch.compile`` (inductor's deterministic mode: no on-device autotuning, so
+every process compiles the same kernels): about 20% faster per step at 8B, two minutes
+of compilation per model and number of slots, and tokens that differ in the last bits
+from the uncompiled loop (so the table keys record it). On the CPU the step runs eagerly
+over the span of the longest live sequence, and the batch shrinks to its live slots once
+half of them are idle and nothing waits (a change of shape: its rounding may differ in
+the last bits). ``slots="auto"`` takes the largest number of slots the free device memory
+holds; an out-of-memory error halves the number and goes on, keeping the finished
+sequences.
 
 Models: HF decoder-only models whose attention layers call ``cache.update`` and attend
 causally over the whole context (Llama, Mistral without a sliding window, Qwen2/3,
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -51,6 +61,7 @@ from . import sampling
 SLOT_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
 SPAN_STEP = 64  # attention spans and buffer lengths are multiples of this
 SLOT_ATTENTION = "rlprobe_slots"
+COMPILE_ENV = "RLPROBE_COMPILE_DECODE"  # "1": the decode step's model call through torch.compile
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,11 @@ class SlotCache:
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         k, v = self.keys[layer_idx], self.values[layer_idx]
+        if isinstance(self.prefill_slot, torch.Tensor):  # a captured prefill: slot on device
+            n = key.shape[2]
+            k[:, :, :n].index_copy_(0, self.prefill_slot, key)
+            v[:, :, :n].index_copy_(0, self.prefill_slot, value)
+            return key, value
         if self.prefill_slot is not None:
             n = key.shape[2]
             k[self.prefill_slot, :, :n] = key[0]
@@ -152,7 +168,8 @@ def kv_bytes_per_slot(model, length: int) -> int:
 class _Slots:
     """One run of the slot loop at a fixed number of slots (see the module docstring)."""
 
-    def __init__(self, model, slots: int, length: int, eos: Sequence[int], graphs: bool):
+    def __init__(self, model, slots: int, length: int, eos: Sequence[int], graphs: bool,
+                 compiled: bool = False):
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
         self.length = _round_up(length)
@@ -173,8 +190,22 @@ class _Slots:
         self.spans = sorted({min(self.length, _round_up(math.ceil(self.length * q / 4)))
                              for q in (1, 2, 3, 4)})
         self.graphs: dict[int, tuple] | None = None
+        self.prefill_graphs: dict[int, tuple] = {}
+        self.model_step = self._forward
+        if compiled:
+            self.model_step = torch.compile(self._forward, dynamic=False,
+                                            options={"deterministic": True})
         if graphs:
             self._capture()
+
+    def reset(self, eos: Sequence[int]) -> None:
+        """Ready for another call: every slot idle (the graphs read the state in place)."""
+        self.eos = set(int(e) for e in eos)
+        for state in (self.ids, self.pos, self.steps, self.seeds, self.temps):
+            state.zero_()
+        self.occupant = [None] * len(self.occupant)
+        self.tokens = [[] for _ in self.occupant]
+        self.requests = {}
 
     def _state(self, slots: int) -> None:
         dev = self.device
@@ -199,7 +230,7 @@ class _Slots:
         pos = self.pos.clamp(max=self.length - 1)  # an idle slot keeps counting
         mask = self._mask(self.positions_[:span][None, :] > pos[:, None])
         self.cache.prefill_slot, self.cache.positions, self.cache.span = None, pos, span
-        logits = self._forward(self.ids, pos[:, None], mask[:, None, None, :])
+        logits = self.model_step(self.ids, pos[:, None], mask[:, None, None, :])
         nxt = sampling.draw(logits, self.seeds, self.steps, self.temps)
         self.ids.copy_(nxt[:, None])
         self.pos.add_(1)
@@ -238,16 +269,73 @@ class _Slots:
             return out.tolist()
         return self._step(span).tolist()
 
+    def _causal(self, n: int) -> torch.Tensor:
+        future = self.positions_[:n][None, :] > self.positions_[:n][:, None]
+        return self._mask(future)[None, None]
+
+    def _prompt_logits(self, prompt: tuple[int, ...], slot: int) -> torch.Tensor:
+        """The prompt's keys and values into ``slot``; its last position's logits [1, V].
+        Eager: the prompt alone. With graphs: the prompt padded after its end to a multiple
+        of SPAN_STEP (causal attention: the padding changes none of the prompt's own
+        positions), one graph replay per prompt length bucket."""
+        if self.graphs is None:
+            n = len(prompt)
+            self.cache.prefill_slot = slot
+            try:
+                return self._forward(torch.tensor([prompt], device=self.device),
+                                     self.positions_[:n][None], self._causal(n))
+            finally:
+                self.cache.prefill_slot = None
+        bucket = _round_up(len(prompt))
+        if bucket not in self.prefill_graphs:
+            self.prefill_graphs[bucket] = tuple(
+                torch.zeros(shape, dtype=torch.long, device=self.device)
+                for shape in ((1, bucket), (1,), (1,)))
+        ids, last, target, *captured = self.prefill_graphs[bucket]
+        ids.copy_(torch.tensor([list(prompt) + [0] * (bucket - len(prompt))]))
+        last.fill_(len(prompt) - 1)
+        target.fill_(slot)
+        if not captured:  # its warm-up run fills this very slot
+            captured = self._capture_prefill(ids, last, target)
+            self.prefill_graphs[bucket] += captured
+        graph, out = captured
+        graph.replay()
+        return out
+
+    def _capture_prefill(self, ids: torch.Tensor, last: torch.Tensor, target: torch.Tensor
+                         ) -> tuple:
+        """A CUDA graph of a prompt's forward from static buffers: the padded ids, the
+        last real position and the slot."""
+        bucket = ids.shape[1]
+        positions, mask = self.positions_[:bucket][None], self._causal(bucket)
+        call = {**self.call, "logits_to_keep": last} if "logits_to_keep" in self.call \
+            else self.call
+
+        def forward() -> torch.Tensor:
+            self.cache.prefill_slot = target
+            try:
+                out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
+                                 **call).logits
+                return out[:, -1] if "logits_to_keep" in call \
+                    else out.index_select(1, last)[:, 0]
+            finally:
+                self.cache.prefill_slot = None
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            forward()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = forward()
+        return graph, out
+
     def _prefill(self, prompt: tuple[int, ...], slots: list[int], requests: list[Request]
                  ) -> list[int]:
         """The prompt's keys and values into ``slots``; returns each slot's first token."""
         n = len(prompt)
-        ids = torch.tensor([prompt], device=self.device)
-        future = self.positions_[:n][None, :] > self.positions_[:n][:, None]
-        mask = self._mask(future)[None, None]
-        self.cache.prefill_slot = slots[0]
-        logits = self._forward(ids, self.positions_[:n][None], mask)
-        self.cache.prefill_slot = None
+        logits = self._prompt_logits(prompt, slots[0])
         self.cache.copy_slot(slots[0], slots[1:], n)
         first = sampling.draw_rows(logits.expand(len(slots), -1), [r.seed for r in requests], 0,
                                    [r.temperature for r in requests], compiled=False)
@@ -337,8 +425,6 @@ def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
     slots: sequences decoded at a time, or "auto" (the most that fit, at most 1024).
     cuda_graphs: capture the decode step (default: on CUDA). progress: called once per
     finished request."""
-    from accelerate.utils import find_executable_batch_size
-
     if not requests:
         return []
     if any(r.max_new_tokens < 1 or not r.prompt or r.temperature < 0 for r in requests):
@@ -355,11 +441,14 @@ def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
 
     def attempt(size: int) -> None:
         queue = deque((i, requests[i]) for i in order if i not in results)
-        if uses_slots(model):
-            _Slots(model, min(size, len(queue)), length, eos, graphs).run(queue, results,
-                                                                            on_result)
-        else:
-            _hf_generate(model, queue, size, eos, pad, results, on_result)
+        if not uses_slots(model):
+            return _hf_generate(model, queue, size, eos, pad, results, on_result)
+        try:
+            _engine(model, min(size, len(queue)), length, eos, graphs).run(queue, results,
+                                                                             on_result)
+        except torch.cuda.OutOfMemoryError:
+            release()
+            raise
 
     previous = model.config._attn_implementation
     if uses_slots(model):
@@ -368,10 +457,58 @@ def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
         AttentionInterface.register(SLOT_ATTENTION, slot_attention)
         model.config._attn_implementation = SLOT_ATTENTION
     try:
-        find_executable_batch_size(attempt, starting_batch_size=start)()
+        _halving_on_oom(attempt, start)
     finally:
         model.config._attn_implementation = previous
     return [results[i] for i in range(len(requests))]
+
+
+def compiled_decode() -> bool:
+    """Whether this process compiles the decode step on CUDA (``RLPROBE_COMPILE_DECODE=1``)."""
+    return os.environ.get(COMPILE_ENV, "0") == "1"
+
+
+def _halving_on_oom(attempt: Callable[[int], None], size: int) -> None:
+    """``attempt(size)``, halving ``size`` after each out-of-memory error (what it finished
+    is kept). Not accelerate's ``find_executable_batch_size``: that collects garbage before
+    every call, which costs up to a second a call once a model has been compiled."""
+    while True:
+        try:
+            return attempt(size)
+        except torch.cuda.OutOfMemoryError:
+            if size == 1:
+                raise
+            size //= 2
+            torch.cuda.empty_cache()
+            warnings.warn(f"out of GPU memory: decoding again with {size} slots")
+
+
+_HELD: dict = {}  # "engine": ((model id, slots, graphs, compiled), _Slots)
+
+
+def _engine(model, slots: int, length: int, eos: Sequence[int], graphs: bool) -> _Slots:
+    """A slot engine for this call. With CUDA graphs the engine (buffers and captured
+    graphs) is kept for the next call with the same model and number of slots and no
+    longer sequences, so a run of calls (a table's shards) captures once; ``release``
+    frees it."""
+    compiled = graphs and compiled_decode()
+    key = (id(model), slots, graphs, compiled)
+    held = _HELD.get("engine")
+    if held is not None and held[0] == key and held[1].model is model \
+            and held[1].length >= length:
+        held[1].reset(eos)
+        return held[1]
+    release()
+    engine = _Slots(model, slots, length, eos, graphs, compiled)
+    if engine.graphs is not None:
+        _HELD["engine"] = (key, engine)
+    return engine
+
+
+def release() -> None:
+    """Free the slot engine kept between calls (its key/value buffers and graphs)."""
+    if _HELD.pop("engine", None) is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _hf_generate(model, queue: deque, size: int, eos: Sequence[int], pad: int | None,

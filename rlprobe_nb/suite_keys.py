@@ -22,7 +22,7 @@ from typing import Callable
 
 import pandas as pd
 
-from . import keys, models, params, paths, storage
+from . import decoding, keys, models, params, paths, storage
 from .provenance import sha256_file
 
 PRODUCERS = {
@@ -67,6 +67,12 @@ def problems(P: params.Params) -> dict:
     return keys.stage("problems", source=src)
 
 
+def _decoder() -> dict:
+    """The decode loop's setting when it is not the default: a compiled step draws tokens
+    that differ in the last bits (absent otherwise, so default keys stay as they were)."""
+    return {"decode": "compiled"} if decoding.compiled_decode() else {}
+
+
 def answers(P: params.Params, problems_sha: str) -> dict:
     F = P.filtering
     names = list(dict.fromkeys([P.reference, P.target]))
@@ -75,7 +81,7 @@ def answers(P: params.Params, problems_sha: str) -> dict:
         models={name: models.model_identity(name, P) for name in names},
         sampling={"n_samples": F.n_samples, "temperature": F.temperature,
                   "max_new_tokens": F.max_new_tokens, "seed": F.seed, "batch_size": F.batch_size},
-        grader=grader(P))
+        grader=grader(P), **_decoder())
 
 
 def selection(P: params.Params, answers_sha: str) -> dict:
@@ -95,7 +101,8 @@ def rollouts(P: params.Params, selection_sha: str, problems_sha: str) -> dict:
     if R.source == "generate":
         parts.update(dtype=P.runtime.dtype, sampling={
             "n_per_problem": R.n_per_problem, "temperatures": R.temperatures,
-            "max_new_tokens": R.max_new_tokens, "seed": R.seed, "batch_size": R.batch_size})
+            "max_new_tokens": R.max_new_tokens, "seed": R.seed, "batch_size": R.batch_size},
+            **_decoder())
     else:
         if not R.prior_path:
             raise params.ParamsError("rollouts.source is 'prior' but rollouts.prior_path is not set")

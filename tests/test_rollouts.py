@@ -135,3 +135,14 @@ def test_sharded_run_resumes_without_recomputing(tmp_path):
     assert storage.run_shards(table, jobs, {"x": 1}, progress=False) == []
     assert calls == ["a", "b"] and storage.is_complete(tmp_path / "t")
     assert len(storage.read_table(tmp_path / "t")) == 2
+
+
+def test_a_compiled_decode_step_changes_the_sampling_keys(monkeypatch):
+    from rlprobe_nb import decoding, suite_keys
+    P = params.load("demo")
+    monkeypatch.delenv(decoding.COMPILE_ENV, raising=False)
+    default = suite_keys.answers(P, "problems-sha"), suite_keys.rollouts(P, "sel", "problems-sha")
+    assert all("decode" not in key for key in default)  # default keys as they always were
+    monkeypatch.setenv(decoding.COMPILE_ENV, "1")
+    compiled = suite_keys.answers(P, "problems-sha"), suite_keys.rollouts(P, "sel", "problems-sha")
+    assert [k["decode"] for k in compiled] == ["compiled", "compiled"]
