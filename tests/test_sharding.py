@@ -138,7 +138,7 @@ def _kill_rank_1_at_its_second(monkeypatch, module, name: str, flag: Path) -> No
     monkeypatch.setattr(module, name, wrapped)
 
 
-@pytest.mark.slow  # about a minute on 2 CPU cores
+@pytest.mark.slow  # about 40 s on 2 CPU cores, the 2-worker sampling (fixture) included
 def test_rollouts_two_processes_equal_one_and_survive_a_killed_rank(demo, two_rollouts,
                                                                     tmp_path, monkeypatch):
     two = two_rollouts  # sampled by 2 workers
@@ -179,7 +179,7 @@ def _same_tokens(a: pd.DataFrame, b: pd.DataFrame) -> None:
         assert diff <= 1e-5, c
 
 
-@pytest.mark.slow  # about a minute and a half on 2 CPU cores
+@pytest.mark.slow  # about 70 s on 2 CPU cores
 def test_token_table_two_processes_equal_one_and_survive_a_killed_rank(demo, two_rollouts,
                                                                       tmp_path, monkeypatch):
     seqs = forcing_plan.sequences(demo.P, two_rollouts.assign(group="target"), demo.problems)
