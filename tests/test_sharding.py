@@ -3,8 +3,14 @@ processes equal those of 1, and a worker killed mid-run followed by a rerun give
 tables. On the CPU the workers talk over gloo; ``RLPROBE_TEST_DEVICE=cuda`` runs the same
 tests on the GPUs of the host (one worker per GPU, NCCL).
 
-Small on purpose: a tiny random Llama with the demo suite's tokenizer and prompt template,
-4 demo-style problems, 4 samples each (one problem a shard), 12 new tokens; forcing of those rollouts."""
+On the demo suite's own models, loaded where they run (in each worker) through the suite
+registry exactly as notebooks 02 and 03 load them: the reference (the GGUF's converted
+cache) samples the rollouts (``rollouts.sample_to_table`` with ``models.load_model``), and
+``forcing_plan.run_checkpoint`` forces them through rlvr_step_1200 (a LoRA adapter merged
+into the reference) against the reference's hidden-state cache. Small on purpose: the
+suite's first 4 demo problems, 4 samples each at the suite's temperatures and seed (one
+problem a shard, its samples decoded as one batch), 16 new tokens; every one of those
+rollouts forced, 2 or 3 a batch."""
 
 from __future__ import annotations
 
@@ -16,18 +22,17 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from rlprobe_nb import distributed, forcing, grading, models, params, rollouts, schemas, storage
+from rlprobe_nb import (distributed, forcing, forcing_plan, grading, models, params, problems,
+                        rollouts, schemas, storage, suite_keys)
 
 DEVICE = os.environ.get("RLPROBE_TEST_DEVICE", "cpu")
-TEMPLATE = params.load("demo").prompt_template
-PROBLEMS = pd.DataFrame({
-    "problem_id": ["t/1", "t/2", "t/3", "t/4"],
-    "problem": ["What is $2+3$?", "What is $12 \\times 4$?", "Solve $3x = 14$ for $x$.",
-                "What is $7-9$?"],
-    "answer": ["5", "48", r"\frac{14}{3}", "-2"],
-})
+CHECKPOINT = "rlvr_step_1200"
+N_PROBLEMS, N_SAMPLES = 4, 4
+OVERRIDES = {"runtime.device": DEVICE, "runtime.dtype": "float32", "problems.n": N_PROBLEMS,
+             "rollouts.n_per_problem": N_SAMPLES, "rollouts.max_new_tokens": 16,
+             "rollouts.batch_size": N_SAMPLES,  # a problem's samples decoded together
+             "forcing.batch_tokens": 256}  # 2 or 3 sequences a batch: 6 batches
 METRICS = ["logp_ckpt", "logp_ref", "dlogp", "entropy_ckpt", "entropy_ref", "kl_ckpt_ref",
            "kl_ref_ckpt", "js", "k1", "k2", "k3"]
 
@@ -46,42 +51,47 @@ def _two_workers(monkeypatch):
     monkeypatch.setenv(distributed.PROCESSES_ENV, "2")
 
 
-def _tokenizer():
-    folder = os.environ.get("RLPROBE_TEST_TOKENIZER")
-    if folder:
-        return models._finish_tokenizer(AutoTokenizer.from_pretrained(folder))
-    P = params.load("demo")
-    return models.load_tokenizer(P.reference, P)
+@pytest.fixture(scope="module", autouse=True)
+def _one_problem_a_shard():
+    """A rollouts shard of one batch (one problem's samples), not SHARD_BATCHES: 4 shards,
+    2 for each worker. (Workers are forked, so they see it too.)"""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(rollouts, "SHARD_BATCHES", 1)
+        yield
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """Two tiny random Llamas (P, Q) saved with the demo tokenizer: workers load them."""
-    tok = _tokenizer()
-    root = tmp_path_factory.mktemp("shard_models")
-    for name, seed in (("P", 0), ("Q", 1)):
-        torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=512, bos_token_id=tok.bos_token_id,
-                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        LlamaForCausalLM(cfg).eval().save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-    return SimpleNamespace(root=root, tok=tok)
+def demo():
+    """The demo suite at the test's size: its parameters and its first problems."""
+    P = params.load("demo", CHECKPOINT, overrides=OVERRIDES)
+    models.load_tokenizer(P.reference, P)  # converting the GGUF (once per cache) is set-up
+    S = P.problems
+    todo = problems.load_problems(S.source, n=S.n, seed=S.seed, split_name=S.split_name)
+    assert len(todo) == N_PROBLEMS
+    return SimpleNamespace(P=P, problems=todo)
 
 
-def _load(folder: Path):
-    model = AutoModelForCausalLM.from_pretrained(folder).to(DEVICE).eval()
-    return SimpleNamespace(model=model, tokenizer=AutoTokenizer.from_pretrained(folder),
-                           provenance={"name": folder.name})
-
-
-def _rollouts(world, out: Path) -> pd.DataFrame:
+def _rollouts(demo, out: Path) -> pd.DataFrame:
+    """Notebook 02's sampling call, into ``out``."""
+    P, R = demo.P, demo.P.rollouts
     return rollouts.sample_to_table(
-        out, schemas.ROLLOUTS, ["P"], lambda name: _load(world.root / name), PROBLEMS,
-        template=TEMPLATE, n_per_problem=4, temperatures=[0.0, 1.0], max_new_tokens=12, seed=3,
-        batch_size=1, timeout_s=5.0, workers=1, manifest={"test": "sharding"},
-        key={"test": "sharding", "device": DEVICE})
+        out, schemas.ROLLOUTS, [P.reference], lambda name: models.load_model(name, P),
+        demo.problems, template=P.prompt_template, n_per_problem=R.n_per_problem,
+        temperatures=R.temperatures, max_new_tokens=R.max_new_tokens, seed=R.seed,
+        batch_size=R.batch_size, timeout_s=P.grading.timeout_s, workers=1,
+        manifest={"test": "sharding"},
+        key=suite_keys.rollouts(P, "sharding test", "sharding test"))
+
+
+@pytest.fixture(scope="module")
+def two_rollouts(demo, tmp_path_factory):
+    """The rollouts table sampled by 2 workers (the token test's input, too)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv(distributed.PROCESSES_ENV, "2")
+        out = tmp_path_factory.mktemp("rollouts") / "two"
+        table = _rollouts(demo, out)
+    assert storage.read_manifest(out)["rows"] == len(table)
+    return table
 
 
 def _single(fn) -> None:
@@ -104,7 +114,7 @@ def _in_order(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 def _same_rollouts(a: pd.DataFrame, b: pd.DataFrame) -> None:
     a, b = (_in_order(x, ["problem_id", "sample"]) for x in (a, b))
-    assert len(a) == len(PROBLEMS) * 4
+    assert len(a) == N_PROBLEMS * N_SAMPLES
     pd.testing.assert_frame_equal(a, b)
 
 
@@ -128,40 +138,32 @@ def _kill_rank_1_at_its_second(monkeypatch, module, name: str, flag: Path) -> No
     monkeypatch.setattr(module, name, wrapped)
 
 
-@pytest.mark.slow  # about a minute each on 2 CPU cores
-def test_rollouts_two_processes_equal_one_and_survive_a_killed_rank(world, tmp_path, monkeypatch):
-    # the single process last: on GPUs it initializes CUDA here, after which this
-    # process can start no workers
-    two = _rollouts(world, tmp_path / "two")
-    assert storage.read_manifest(tmp_path / "two")["rows"] == len(two)
+@pytest.mark.slow  # about 40 s on 2 CPU cores, the 2-worker sampling (fixture) included
+def test_rollouts_two_processes_equal_one_and_survive_a_killed_rank(demo, two_rollouts,
+                                                                    tmp_path, monkeypatch):
+    two = two_rollouts  # sampled by 2 workers
+    assert two["temperature"].nunique() == N_SAMPLES and (two["n_tokens"] > 0).all()
 
     flag = tmp_path / "killed.flag"
     with monkeypatch.context() as m:
         _kill_rank_1_at_its_second(m, rollouts, "generate_rollouts", flag)
         with pytest.raises(Exception):
-            _rollouts(world, tmp_path / "killed")
+            _rollouts(demo, tmp_path / "killed")
     assert flag.exists(), "rank 1 was never killed"
-    again = _rollouts(world, tmp_path / "killed")
+    assert 0 < len(storage.ShardedTable(tmp_path / "killed", schemas.ROLLOUTS).done()) < N_PROBLEMS
+    again = _rollouts(demo, tmp_path / "killed")
     _same_rollouts(two, again)
+    # the single process last: on GPUs it initializes CUDA (in a forked child there)
     monkeypatch.setenv(distributed.PROCESSES_ENV, "1")
-    _single(lambda: _rollouts(world, tmp_path / "one"))
+    _single(lambda: _rollouts(demo, tmp_path / "one"))
     _same_rollouts(storage.read_table(tmp_path / "one"), two)
 
 
-def _sequences(world, rollouts_df: pd.DataFrame) -> forcing.SequenceSet:
-    return forcing.build_sequences(rollouts_df, PROBLEMS, world.tok, TEMPLATE, max_context=512,
-                                   progress=False)
-
-
-def _force(world, seqs, out: Path, workers: int):
-    def load():
-        return (forcing.Side("P", _load(world.root / "P").model),
-                forcing.Side("Q", _load(world.root / "Q").model))
-
-    folder = distributed.run_pair(seqs, ("P", "Q"), out, load, forwarded={}, workers=workers,
-                                  batch_tokens=256, topk=3, key={"test": "sharding"},
-                                  provenance={"test": "sharding"}, suite="t", device=DEVICE,
-                                  compile=False)
+def _force(demo, seqs, root: Path, monkeypatch) -> pd.DataFrame:
+    """Notebook 03's forcing of the checkpoint (the reference's hidden states cached
+    first), every table and cache under ``root`` (read at call time, in every worker)."""
+    monkeypatch.setenv("RLPROBE_OUT", str(root))
+    folder = forcing_plan.run_checkpoint(demo.P, seqs, None, "sharding test")
     return storage.read_table(folder)
 
 
@@ -177,26 +179,31 @@ def _same_tokens(a: pd.DataFrame, b: pd.DataFrame) -> None:
         assert diff <= 1e-5, c
 
 
-@pytest.mark.slow  # about a minute each on 2 CPU cores
-def test_token_table_two_processes_equal_one_and_survive_a_killed_rank(world, tmp_path,
-                                                                      monkeypatch):
-    seqs = _sequences(world, _rollouts(world, tmp_path / "rollouts"))
-    assert len(seqs) == 16
-    two = _force(world, seqs, tmp_path / "two", workers=2)  # 2 first: see the test above
-    manifest = storage.read_manifest(tmp_path / "two")
+@pytest.mark.slow  # about 70 s on 2 CPU cores
+def test_token_table_two_processes_equal_one_and_survive_a_killed_rank(demo, two_rollouts,
+                                                                      tmp_path, monkeypatch):
+    seqs = forcing_plan.sequences(demo.P, two_rollouts.assign(group="target"), demo.problems)
+    assert len(seqs) == N_PROBLEMS * N_SAMPLES
+    table = lambda: forcing.pair_dir("demo", CHECKPOINT, demo.P.reference)  # noqa: E731
+    two = _force(demo, seqs, tmp_path / "two", monkeypatch)  # 2 first: see the test above
+    manifest = storage.read_manifest(table())
     assert manifest["engine"]["processes"] == 2 and manifest["rows"] == len(two)
+    assert two["kl_ref_ckpt"].max() > 1e-2  # the checkpoint is not the reference
 
     flag = tmp_path / "killed.flag"
     with monkeypatch.context() as m:
         _kill_rank_1_at_its_second(m, storage.ShardedTable, "write_shard", flag)
         with pytest.raises(Exception):
-            _force(world, seqs, tmp_path / "killed", workers=2)
+            _force(demo, seqs, tmp_path / "killed", monkeypatch)
     assert flag.exists(), "rank 1 was never killed"
-    again = _force(world, seqs, tmp_path / "killed", workers=2)
+    again = _force(demo, seqs, tmp_path / "killed", monkeypatch)
+    assert 0 < storage.read_manifest(table())["engine"]["rows_computed_this_run"] < len(again)
     _same_tokens(two, again)
     monkeypatch.setenv(distributed.PROCESSES_ENV, "1")
-    _single(lambda: _force(world, seqs, tmp_path / "one", workers=1))
-    _same_tokens(storage.read_table(tmp_path / "one"), two)
+    monkeypatch.setenv("RLPROBE_OUT", str(tmp_path / "one"))  # here too: on GPUs it runs in a child
+    _single(lambda: _force(demo, seqs, tmp_path / "one", monkeypatch))
+    assert "processes" not in storage.read_manifest(table())["engine"]  # ran in this process
+    _same_tokens(storage.read_table(table()), two)
 
 
 def test_several_checkpoints_are_spread_over_the_workers(tmp_path, monkeypatch):
