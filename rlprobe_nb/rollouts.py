@@ -175,6 +175,7 @@ def sample_to_table(folder, schema, model_names: list[str], loader: Callable,
         def sample() -> pd.DataFrame:
             if name not in loaded:
                 loaded.clear()  # one model in memory at a time
+                decoding.release()  # and its decode engine
                 loaded[name] = loader(name)
                 storage.atomic_write_json(table.folder / f"_prov-{_safe(name)}.json",
                                           loaded[name].provenance)
@@ -200,6 +201,7 @@ def sample_to_table(folder, schema, model_names: list[str], loader: Callable,
 
     distributed.run_shards(table, jobs, provenance)
     loaded.clear()
+    decoding.release()
     return storage.read_table(table.folder)
 
 
