@@ -6,8 +6,9 @@ the same random prompts at the same batch and lengths, side by side in one run:
   book           ``decoding.generate`` as the book runs it: slot loop, CUDA graphs for the
                  decode step and the prompt prefill, seeded Gumbel-max sampler
                  (temperature 1); each call is timed whole (prefills, host loop)
-  book_compiled  the same with ``RLPROBE_COMPILE_DECODE=1`` (the step's model call through
-                 torch.compile in inductor's deterministic mode)
+  book_compiled  the same with ``compiled=True`` (the suite setting
+                 ``runtime.compile_decode``: the step's model call through torch.compile
+                 in inductor's deterministic mode)
   hf             plain ``model.generate(do_sample=True, temperature=1, top_k=0)``, default
                  dynamic cache, SDPA attention
   bound          batch x HBM bandwidth / weight bytes read per decode step: the decode rate
@@ -34,7 +35,6 @@ share its prompt, prefilled once). HF gets the very same prompts.
 from __future__ import annotations
 
 import argparse
-import os
 import json
 import statistics
 import sys
@@ -88,9 +88,9 @@ def copy_bandwidth(device, gib: float = 2.0) -> float:
     return 2 * n / statistics.median(times)
 
 
-def run_book(model, prompts, new: int, seed: int) -> list[list[int]]:
+def run_book(model, prompts, new: int, seed: int, compiled: bool = False) -> list[list[int]]:
     reqs = [decoding.Request(tuple(p), 1.0, seed + i, new) for i, p in enumerate(prompts)]
-    out = decoding.generate(model, reqs, [], slots=len(reqs))
+    out = decoding.generate(model, reqs, [], slots=len(reqs), compiled=compiled)
     assert all(len(t) == new for t, _ in out), "the book's generator stopped early"
     return [t for t, _ in out]
 
@@ -172,10 +172,10 @@ def main(argv=None):
                 fn = lambda: run_hf(model, prompts, args.new, 1000)  # noqa: E731
                 warm_up = lambda: run_hf(model, prompts, args.new, 7)  # noqa: E731
             else:
-                os.environ[decoding.COMPILE_ENV] = "1" if name == "book_compiled" else "0"
+                compiled = name == "book_compiled"
                 decoding.release()  # the warm-up call builds (and compiles) the engine
-                fn = lambda: run_book(model, prompts, args.new, 1000)  # noqa: E731
-                warm_up = lambda: run_book(model, prompts, args.new, 7)  # noqa: E731
+                fn = lambda: run_book(model, prompts, args.new, 1000, compiled)  # noqa: E731
+                warm_up = lambda: run_book(model, prompts, args.new, 7, compiled)  # noqa: E731
             w0 = time.perf_counter()
             warm_up()
             sync(device)

@@ -9,7 +9,6 @@ tokens), and the kernels of one replayed step by family.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections import defaultdict
@@ -85,11 +84,11 @@ def main(argv=None):
         prompts = [distinct[i // args.share] for i in range(batch)]
         tokens = {}
         for variant in args.variants:
-            os.environ[decoding.COMPILE_ENV] = "1" if variant == "compiled" else "0"
+            compiled = variant == "compiled"
             decoding.release()
-            cold = seconds(lambda: run_book(model, prompts, args.new, 7), 1)
+            cold = seconds(lambda: run_book(model, prompts, args.new, 7, compiled), 1)
             TIMERS.clear()
-            warm = seconds(lambda: tokens.__setitem__(variant, run_book(model, prompts, args.new, 8)), 1)
+            warm = seconds(lambda: tokens.__setitem__(variant, run_book(model, prompts, args.new, 8, compiled)), 1)
             parts = ", ".join(f"{k} {v:.2f} s" for k, v in TIMERS.items())
             slots = decoding._HELD["engine"][1]
             AttentionInterface.register(decoding.SLOT_ATTENTION, decoding.slot_attention)
@@ -111,7 +110,7 @@ def main(argv=None):
                         if e.device_time_total > 0 and e.device_type.name == "CUDA":
                             per[family(e.key)] += e.device_time_total / 10 / 1e3
                             count += e.count
-                    del slots, graph, out
+                    del slots
             finally:
                 model.config._attn_implementation = previous
             decoding.release()

@@ -93,7 +93,7 @@ ANSWERS = rollouts.sample_to_table(
     n_per_problem=len(SCHEDULE), temperatures=SCHEDULE, max_new_tokens=F.max_new_tokens,
     seed=F.seed, batch_size=F.batch_size, timeout_s=P.grading.timeout_s,
     workers=P.grading.workers, manifest=provenance.manifest(P, **MANIFEST),
-    key=ANSWERS_KEY, overwrite=overwrite)
+    key=ANSWERS_KEY, overwrite=overwrite, compile_decode=P.runtime.compile_decode)
 ANSWERS.groupby(["model", "failure_type"]).size().unstack(fill_value=0)
 
 # %% [markdown]

@@ -92,7 +92,7 @@ if R.source == "generate":
         n_per_problem=R.n_per_problem, temperatures=R.temperatures,
         max_new_tokens=R.max_new_tokens, seed=R.seed, batch_size=R.batch_size,
         timeout_s=P.grading.timeout_s, workers=P.grading.workers, manifest=MANIFEST,
-        key=KEY, overwrite=overwrite)
+        key=KEY, overwrite=overwrite, compile_decode=P.runtime.compile_decode)
 
 # %% [markdown]
 # An import is regraded, and every verdict that differs from the one stored by the prior

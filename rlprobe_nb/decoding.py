@@ -27,11 +27,12 @@ launch; the sampler is compiled. A prompt's prefill is a graph too, one per prom
 rounded up to SPAN_STEP (the prompt is padded after its end; attention is causal, so the
 padding changes none of its positions). The engine (buffers and graphs) is kept for the
 next call with the same model and number of slots (``release`` frees it), so a table's
-shards capture once. With ``RLPROBE_COMPILE_DECODE=1`` the step's model call also goes
-through ``torch.compile`` (inductor's deterministic mode: no on-device autotuning, so
+shards capture once. With ``compiled=True`` the step's model call also goes through
+``torch.compile`` (inductor's deterministic mode: no on-device autotuning, so
 every process compiles the same kernels): about 20% faster per step at 8B, two minutes
 of compilation per model and number of slots, and tokens that differ in the last bits
-from the uncompiled loop (so the table keys record it). On the CPU the step runs eagerly
+from the uncompiled loop (the suite's ``runtime.compile_decode``, recorded in the table
+keys). On the CPU the step runs eagerly
 over the span of the longest live sequence, and the batch shrinks to its live slots once
 half of them are idle and nothing waits (a change of shape: its rounding may differ in
 the last bits). ``slots="auto"`` takes the largest number of slots the free device memory
@@ -48,7 +49,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -61,7 +61,6 @@ from . import sampling
 SLOT_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
 SPAN_STEP = 64  # attention spans and buffer lengths are multiples of this
 SLOT_ATTENTION = "rlprobe_slots"
-COMPILE_ENV = "RLPROBE_COMPILE_DECODE"  # "1": the decode step's model call through torch.compile
 
 
 @dataclass(frozen=True)
@@ -417,14 +416,16 @@ def auto_slots(model, length: int, vocab: int, cap: int) -> int:
 
 @torch.inference_mode()
 def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
-             slots: int | str = 64, cuda_graphs: bool | None = None, pad: int | None = None,
-             progress: Callable[[], None] | None = None) -> list[Result]:
+             slots: int | str = 64, cuda_graphs: bool | None = None, compiled: bool = False,
+             pad: int | None = None, progress: Callable[[], None] | None = None
+             ) -> list[Result]:
     """(new token ids, finish reason) per request, in order: ids cut after EOS ("stop", the
     EOS kept) or at the request's ``max_new_tokens`` ("length").
 
     slots: sequences decoded at a time, or "auto" (the most that fit, at most 1024).
-    cuda_graphs: capture the decode step (default: on CUDA). progress: called once per
-    finished request."""
+    cuda_graphs: capture the decode step (default: on CUDA). compiled: the captured step's
+    model call through torch.compile (CUDA graphs only). progress: called once per finished
+    request."""
     if not requests:
         return []
     if any(r.max_new_tokens < 1 or not r.prompt or r.temperature < 0 for r in requests):
@@ -444,8 +445,8 @@ def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
         if not uses_slots(model):
             return _hf_generate(model, queue, size, eos, pad, results, on_result)
         try:
-            _engine(model, min(size, len(queue)), length, eos, graphs).run(queue, results,
-                                                                             on_result)
+            _engine(model, min(size, len(queue)), length, eos, graphs, compiled).run(
+                queue, results, on_result)
         except torch.cuda.OutOfMemoryError:
             release()
             raise
@@ -461,11 +462,6 @@ def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
     finally:
         model.config._attn_implementation = previous
     return [results[i] for i in range(len(requests))]
-
-
-def compiled_decode() -> bool:
-    """Whether this process compiles the decode step on CUDA (``RLPROBE_COMPILE_DECODE=1``)."""
-    return os.environ.get(COMPILE_ENV, "0") == "1"
 
 
 def _halving_on_oom(attempt: Callable[[int], None], size: int) -> None:
@@ -486,12 +482,13 @@ def _halving_on_oom(attempt: Callable[[int], None], size: int) -> None:
 _HELD: dict = {}  # "engine": ((model id, slots, graphs, compiled), _Slots)
 
 
-def _engine(model, slots: int, length: int, eos: Sequence[int], graphs: bool) -> _Slots:
+def _engine(model, slots: int, length: int, eos: Sequence[int], graphs: bool,
+            compiled: bool) -> _Slots:
     """A slot engine for this call. With CUDA graphs the engine (buffers and captured
     graphs) is kept for the next call with the same model and number of slots and no
     longer sequences, so a run of calls (a table's shards) captures once; ``release``
     frees it."""
-    compiled = graphs and compiled_decode()
+    compiled = graphs and compiled
     key = (id(model), slots, graphs, compiled)
     held = _HELD.get("engine")
     if held is not None and held[0] == key and held[1].model is model \

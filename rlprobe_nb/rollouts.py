@@ -60,14 +60,14 @@ def temperature_of(temperatures: list[float], sample: int) -> float:
 
 def generate_batch(model, tokenizer, prompts: list[list[int]], temperatures: list[float],
                    seeds: list[int], max_new_tokens: int, batch_size: int | str | None = None,
-                   progress=None) -> list[tuple[list[int], str]]:
+                   progress=None, compiled: bool = False) -> list[tuple[list[int], str]]:
     """(response ids, finish_reason) per prompt, through ``decoding.generate`` with
-    ``batch_size`` slots (default: one per prompt)."""
+    ``batch_size`` slots (default: one per prompt); ``compiled``: its compiled step."""
     stop = eos_ids(model, tokenizer)
     requests = [decoding.Request(tuple(int(t) for t in p), float(t), int(s), int(max_new_tokens))
                 for p, t, s in zip(prompts, temperatures, seeds)]
     return decoding.generate(model, requests, stop, slots=batch_size or len(requests),
-                             pad=tokenizer.pad_token_id, progress=progress)
+                             compiled=compiled, pad=tokenizer.pad_token_id, progress=progress)
 
 
 def _tasks(problems: pd.DataFrame, n_per_problem: int, temperatures: list[float], seed: int,
@@ -82,7 +82,7 @@ def generate_rollouts(model, tokenizer, problems: pd.DataFrame, *, model_name: s
                       template: str, n_per_problem: int, temperatures: list[float],
                       max_new_tokens: int, seed: int, batch_size: int,
                       timeout_s: float = 5.0, workers: int = 2,
-                      progress: bool | str = True) -> pd.DataFrame:
+                      progress: bool | str = True, compile_decode: bool = False) -> pd.DataFrame:
     """Sample ``n_per_problem`` responses per problem and grade them (schemas.ROLLOUTS).
 
     Sample s uses temperature ``temperatures[s % len(temperatures)]`` (0 = greedy).
@@ -103,7 +103,8 @@ def generate_rollouts(model, tokenizer, problems: pd.DataFrame, *, model_name: s
     bar = tqdm(total=len(tasks), desc=label, disable=progress is False, leave=False)
     out = generate_batch(model, tokenizer, [prompt_of[t["problem_id"]] for t in tasks],
                          [t["temperature"] for t in tasks], [t["seed"] for t in tasks],
-                         max_new_tokens, batch_size, progress=lambda: bar.update(1))
+                         max_new_tokens, batch_size, progress=lambda: bar.update(1),
+                         compiled=compile_decode)
     bar.close()
     for t, (ids, reason) in zip(tasks, out):
         t.update(response_ids=ids, finish_reason=reason)
@@ -147,7 +148,8 @@ def sample_to_table(folder, schema, model_names: list[str], loader: Callable,
                     problems: pd.DataFrame, *, template: str, n_per_problem: int,
                     temperatures: list[float], max_new_tokens: int, seed: int,
                     batch_size: int, timeout_s: float, workers: int, manifest: dict,
-                    key: dict, overwrite: bool = False) -> pd.DataFrame:
+                    key: dict, overwrite: bool = False,
+                    compile_decode: bool = False) -> pd.DataFrame:
     """Sample every model over ``problems`` into a sharded, resumable table.
 
     Shards are (model, chunk of problems in id order), a chunk holding SHARD_BATCHES
@@ -185,7 +187,8 @@ def sample_to_table(folder, schema, model_names: list[str], loader: Callable,
                                    n_per_problem=n_per_problem, temperatures=temperatures,
                                    max_new_tokens=max_new_tokens, seed=seed,
                                    batch_size=batch_size, timeout_s=timeout_s,
-                                   workers=workers, progress=False)
+                                   workers=workers, progress=False,
+                                   compile_decode=compile_decode)
             return df[schema.names]
         return sample
 
@@ -193,7 +196,8 @@ def sample_to_table(folder, schema, model_names: list[str], loader: Callable,
             for name in model_names for i, chunk in enumerate(chunks)]
     settings = dict(models=model_names, template=template, n_per_problem=n_per_problem,
                     temperatures=[float(t) for t in temperatures],
-                    max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size)
+                    max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size,
+                    compile_decode=compile_decode)
 
     def provenance() -> dict:
         return {**manifest, "sampling": settings,

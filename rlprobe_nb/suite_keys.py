@@ -22,7 +22,7 @@ from typing import Callable
 
 import pandas as pd
 
-from . import decoding, keys, models, params, paths, storage
+from . import keys, models, params, paths, storage
 from .provenance import sha256_file
 
 PRODUCERS = {
@@ -67,10 +67,10 @@ def problems(P: params.Params) -> dict:
     return keys.stage("problems", source=src)
 
 
-def _decoder() -> dict:
+def _decoder(P: params.Params) -> dict:
     """The decode loop's setting when it is not the default: a compiled step draws tokens
     that differ in the last bits (absent otherwise, so default keys stay as they were)."""
-    return {"decode": "compiled"} if decoding.compiled_decode() else {}
+    return {"decode": "compiled"} if P.runtime.compile_decode else {}
 
 
 def answers(P: params.Params, problems_sha: str) -> dict:
@@ -81,7 +81,7 @@ def answers(P: params.Params, problems_sha: str) -> dict:
         models={name: models.model_identity(name, P) for name in names},
         sampling={"n_samples": F.n_samples, "temperature": F.temperature,
                   "max_new_tokens": F.max_new_tokens, "seed": F.seed, "batch_size": F.batch_size},
-        grader=grader(P), **_decoder())
+        grader=grader(P), **_decoder(P))
 
 
 def selection(P: params.Params, answers_sha: str) -> dict:
@@ -102,7 +102,7 @@ def rollouts(P: params.Params, selection_sha: str, problems_sha: str) -> dict:
         parts.update(dtype=P.runtime.dtype, sampling={
             "n_per_problem": R.n_per_problem, "temperatures": R.temperatures,
             "max_new_tokens": R.max_new_tokens, "seed": R.seed, "batch_size": R.batch_size},
-            **_decoder())
+            **_decoder(P))
     else:
         if not R.prior_path:
             raise params.ParamsError("rollouts.source is 'prior' but rollouts.prior_path is not set")

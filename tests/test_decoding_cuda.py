@@ -6,7 +6,6 @@ machine: ``python -m pytest tests/test_decoding_cuda.py``)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,15 +76,15 @@ import json, sys
 from rlprobe_nb import decoding
 sys.path.insert(0, "tests")
 from test_decoding_cuda import _requests
-print(json.dumps(decoding.generate(model, _requests(), [], slots=4)))
+print(json.dumps(decoding.generate(model, _requests(), [], slots=4,
+                                   compiled=sys.argv[1] == "1")))
 """
 
 
 @pytest.mark.parametrize("compiled", ["0", "1"])
 def test_fresh_processes_draw_the_same_tokens(compiled):
-    env = {**os.environ, decoding.COMPILE_ENV: compiled}
-    runs = [subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                           cwd=REPO, env=env, timeout=600) for _ in range(2)]
+    runs = [subprocess.run([sys.executable, "-c", SCRIPT, compiled], capture_output=True,
+                           text=True, cwd=REPO, timeout=600) for _ in range(2)]
     for r in runs:
         assert r.returncode == 0, r.stderr[-3000:]
     a, b = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)

@@ -137,12 +137,13 @@ def test_sharded_run_resumes_without_recomputing(tmp_path):
     assert len(storage.read_table(tmp_path / "t")) == 2
 
 
-def test_a_compiled_decode_step_changes_the_sampling_keys(monkeypatch):
-    from rlprobe_nb import decoding, suite_keys
-    P = params.load("demo")
-    monkeypatch.delenv(decoding.COMPILE_ENV, raising=False)
-    default = suite_keys.answers(P, "problems-sha"), suite_keys.rollouts(P, "sel", "problems-sha")
+def test_a_compiled_decode_step_changes_the_sampling_keys():
+    from rlprobe_nb import suite_keys
+
+    def sampling_keys(P):
+        return suite_keys.answers(P, "problems-sha"), suite_keys.rollouts(P, "sel", "problems-sha")
+    default = sampling_keys(params.load("demo"))
     assert all("decode" not in key for key in default)  # default keys as they always were
-    monkeypatch.setenv(decoding.COMPILE_ENV, "1")
-    compiled = suite_keys.answers(P, "problems-sha"), suite_keys.rollouts(P, "sel", "problems-sha")
+    compiled = sampling_keys(params.load("demo", overrides={"runtime.compile_decode": True}))
     assert [k["decode"] for k in compiled] == ["compiled", "compiled"]
+    assert params.load("tulu3").runtime.compile_decode
