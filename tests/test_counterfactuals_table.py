@@ -101,3 +101,17 @@ def test_an_interrupted_run_resumes_from_its_shards(suite, tiny, monkeypatch):
     pd.testing.assert_frame_equal(
         out[cols].sort_values(cols[:3]).reset_index(drop=True),
         fresh[cols].sort_values(cols[:3]).reset_index(drop=True))
+
+
+def test_two_worker_processes_write_the_table_one_writes(suite, tiny, monkeypatch):
+    from rlprobe_nb import distributed
+    ran, real = [], distributed.run_sharded
+    monkeypatch.setattr(distributed, "run_sharded", lambda *a, **k: ran.append(real(*a, **k)))
+    monkeypatch.setenv(distributed.PROCESSES_ENV, "2")  # 3 shards: 2 for one worker, 1 for the other
+    two = run(suite, tiny)
+    assert ran == [2]
+    monkeypatch.setenv(distributed.PROCESSES_ENV, "1")
+    one = run(suite, tiny, overwrite=True, settings={**suite["settings"], "again": 1})
+    cols = ["rollout_id", "kind", "arm", "passes", "seeds", "n"]
+    pd.testing.assert_frame_equal(two[cols].sort_values(cols[:3]).reset_index(drop=True),
+                                  one[cols].sort_values(cols[:3]).reset_index(drop=True))

@@ -14,7 +14,9 @@ rollouts, each named by the hash of its part of the plan), keyed like the table,
 interrupted run resumes where it stopped and a run with other inputs is refused unless
 ``overwrite``. Once every shard exists they become the one ``branches`` table (written
 through ``suite_tables.write_derived``) and the shard folder is removed. One model is in
-memory at a time.
+memory at a time. With several GPUs the missing shards are shared among one worker process
+per GPU (``distributed.run_shards``); a shard's rows do not depend on which worker wrote
+it, so the table is the same for any number of workers.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Callable
 
 import pandas as pd
 
-from .. import keys, models, paths, schemas, storage, suite_keys, suite_tables
+from .. import distributed, keys, models, paths, schemas, storage, suite_keys, suite_tables
 from ..params import Params
 from .passes import pass_counts, with_prefix_len
 
@@ -123,7 +125,7 @@ def run_branches(P: Params, plan: pd.DataFrame, rollouts: pd.DataFrame, gold: di
 
     jobs = shard_jobs(plan, rollouts_per_shard, run)
     if jobs:
-        storage.run_shards(work, jobs, manifest)
+        distributed.run_shards(work, jobs, manifest)
         frame = storage.read_table(work.folder)
     else:  # nothing to branch at: an empty table, keyed all the same
         work.release()
