@@ -190,6 +190,7 @@ class _Slots:
                              for q in (1, 2, 3, 4)})
         self.graphs: dict[int, tuple] | None = None
         self.prefill_graphs: dict[int, tuple] = {}
+        self.prefill_pool = None  # one memory pool for every prompt bucket's graph
         self.model_step = self._forward
         if compiled:
             self.model_step = torch.compile(self._forward, dynamic=False,
@@ -238,7 +239,8 @@ class _Slots:
 
     def _capture(self) -> None:
         """A CUDA graph of ``_step`` per span, recorded with every slot idle; eager steps
-        (with a warning) if capturing fails."""
+        (with a warning) if capturing fails. Out of memory, and any failure of a compiled
+        step, is raised: the first halves the slots, the second names its setting."""
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -255,6 +257,12 @@ class _Slots:
                 graphs[span] = (graph, out)
             self.graphs = graphs
         except Exception as err:  # noqa: BLE001 - capture is an optimisation: go on eager
+            if isinstance(err, torch.cuda.OutOfMemoryError):
+                raise
+            if self.model_step is not self._forward:
+                raise RuntimeError(
+                    f"compiling the decode step failed ({err!r}); sample without it: "
+                    "runtime.compile_decode: false in the suite's parameters") from err
             warnings.warn(f"capturing the decode step in CUDA graphs failed ({err!r}); "
                           "decoding eagerly")
             self.graphs = None
@@ -326,7 +334,9 @@ class _Slots:
             forward()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        if self.prefill_pool is None:
+            self.prefill_pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.prefill_pool):  # replayed one at a time
             out = forward()
         return graph, out
 
