@@ -36,31 +36,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from random_models import build_model, llama_8b_config, make_sequences, tiny_config  # noqa: E402
+
 from rlprobe_nb import divergence, forcing  # noqa: E402
-
-
-def build_model(cfg, seed: int, device, dtype):
-    from transformers import LlamaForCausalLM
-    torch.manual_seed(seed)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = LlamaForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(old)
-    return model.to(device=device, dtype=dtype).eval()
-
-
-def make_sequences(n: int, prompt_len: int, response_len: int, vocab: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    seqs = []
-    for i in range(n):
-        ids = torch.randint(0, vocab, (prompt_len + response_len,), generator=g).tolist()
-        seqs.append(forcing.make_sequence(f"r{i:04d}", f"p{i:04d}", ids[:prompt_len],
-                                          ids[prompt_len:]))
-    ident = {"size": vocab, "vocab_sha256": "random-benchmark-vocabulary"}
-    return forcing.SequenceSet(seqs, tokenizer=ident)
 
 
 class Timer:
@@ -345,13 +323,10 @@ def main(argv=None):
     ap.add_argument("--e2e-copies", type=int, default=4,
                     help="copies of the sequences in the timed end-to-end pass")
     args = ap.parse_args(argv)
-    from transformers import LlamaConfig
 
     if args.tiny:
         device, dtype = torch.device("cpu"), torch.bfloat16
-        cfg = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=2048, initializer_range=0.1)
+        cfg = tiny_config(initializer_range=0.1)
         args.batch_tokens, args.chunk, args.sample = 256, 64, 16
         scenarios = [("8x128", 4, 128), ("48-token", 12, 48)]  # (name, sequences, length)
         args.repeats = min(args.repeats, 2)
@@ -359,10 +334,7 @@ def main(argv=None):
         if not torch.cuda.is_available():
             sys.exit("no CUDA device: run with --tiny for a CPU dry run")
         device, dtype = torch.device("cuda"), torch.bfloat16
-        cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                          max_position_embeddings=8192, rope_theta=500000.0,
-                          tie_word_embeddings=False)
+        cfg = llama_8b_config()
         # 16 x 1024 = two batches of 8 x 1024; 384-token responses: two batches of ~18
         scenarios = [("8x1024", 16, 1024), ("384-token", 36, 384 + args.prompt_len)]
     t0 = time.perf_counter()

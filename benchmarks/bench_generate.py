@@ -45,21 +45,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from random_models import build_model, llama_8b_config, tiny_config  # noqa: E402
+
 from rlprobe_nb import decoding  # noqa: E402
-
-
-def build_model(cfg, seed: int, device, dtype):
-    from transformers import LlamaForCausalLM
-    torch.manual_seed(seed)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = LlamaForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(old)
-    model.config._attn_implementation = "sdpa"
-    return model.to(device=device, dtype=dtype).eval()
 
 
 def sync(device):
@@ -131,26 +119,19 @@ def main(argv=None):
                     choices=["book", "book_compiled", "hf"])
     ap.add_argument("--json", type=str, default=None)
     args = ap.parse_args(argv)
-    from transformers import LlamaConfig
 
     if args.tiny:
         device, dtype = torch.device("cpu"), torch.float32
-        cfg = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=2048)
+        cfg = tiny_config()
         args.batches, args.prompt, args.new, args.repeats = [4], 16, 8, 1
     else:
         if not torch.cuda.is_available():
             sys.exit("no CUDA device: run with --tiny for a CPU dry run")
         device, dtype = torch.device("cuda"), torch.bfloat16
-        # Llama-3.1-8B's shape (rope scaling left out: it changes no cost)
-        cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                          max_position_embeddings=8192, rope_theta=500000.0,
-                          tie_word_embeddings=False)
+        cfg = llama_8b_config()
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     t0 = time.perf_counter()
-    model = build_model(cfg, 0, device, dtype)
+    model = build_model(cfg, 0, device, dtype, attention="sdpa")
     init_s = time.perf_counter() - t0
     params = sum(p.numel() for p in model.parameters())
     embed = model.get_input_embeddings().weight.numel()

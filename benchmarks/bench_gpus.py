@@ -32,34 +32,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from random_models import build_model, llama_8b_config, make_sequences, tiny_config  # noqa: E402
+
 from rlprobe_nb import distributed, forcing, storage  # noqa: E402
 
 METRICS = ["logp_ckpt", "logp_ref", "dlogp", "entropy_ckpt", "entropy_ref", "kl_ckpt_ref",
            "kl_ref_ckpt", "js", "k1", "k2", "k3"]
-
-
-def build_model(cfg, seed: int, device, dtype):
-    from transformers import LlamaForCausalLM
-    torch.manual_seed(seed)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = LlamaForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(old)
-    return model.to(device=device, dtype=dtype).eval()
-
-
-def make_sequences(n: int, prompt_len: int, response_len: int, vocab: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    seqs = []
-    for i in range(n):
-        ids = torch.randint(0, vocab, (prompt_len + response_len,), generator=g).tolist()
-        seqs.append(forcing.make_sequence(f"r{i:04d}", f"p{i:04d}", ids[:prompt_len],
-                                          ids[prompt_len:]))
-    return forcing.SequenceSet(seqs, tokenizer={"size": vocab,
-                                                "vocab_sha256": "random-benchmark-vocabulary"})
 
 
 def compare(a, b) -> dict:
@@ -89,21 +67,15 @@ def main(argv=None):
     ap.add_argument("--compile-body", action="store_true",
                     help="compiled decoder layers (run_pair's default is eager)")
     args = ap.parse_args(argv)
-    from transformers import LlamaConfig
 
     if args.tiny:
         device, dtype = "cpu", torch.float32
-        cfg = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=2048)
+        cfg = tiny_config()
         args.sequences, args.response_len, args.batch_tokens = 8, 64, 256
         gpus = int(os.environ.get(distributed.PROCESSES_ENV, "2"))
     else:
         device, dtype = "cuda", torch.bfloat16
-        cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                          max_position_embeddings=8192, rope_theta=500000.0,
-                          tie_word_embeddings=False)
+        cfg = llama_8b_config()
         gpus = distributed.processes()  # NVML: the coordinator stays free of CUDA
     seqs = make_sequences(args.sequences, args.prompt_len, args.response_len, cfg.vocab_size, 0)
     rows_expected = sum(len(s.input_ids) - args.prompt_len for s in seqs.sequences)

@@ -18,7 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_generate import build_model, run_book  # noqa: E402
+from bench_generate import run_book  # noqa: E402
+from random_models import build_model, llama_8b_config  # noqa: E402
 
 from rlprobe_nb import decoding  # noqa: E402
 
@@ -68,12 +69,9 @@ def main(argv=None):
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--variants", nargs="+", default=["eager", "compiled"])
     args = ap.parse_args(argv)
-    from transformers import AttentionInterface, LlamaConfig
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                      max_position_embeddings=8192, rope_theta=500000.0,
-                      tie_word_embeddings=False)
-    model = build_model(cfg, 0, "cuda", torch.bfloat16)
+    from transformers import AttentionInterface
+    cfg = llama_8b_config()
+    model = build_model(cfg, 0, "cuda", torch.bfloat16, attention="sdpa")
     for name in ("_prefill", "_run_step", "_fill"):
         time_method(name)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_engine import build_model, make_sequences  # noqa: E402
+from random_models import build_model, llama_8b_config, make_sequences, tiny_config  # noqa: E402
 from rlprobe_nb import forcing, storage  # noqa: E402
 
 
@@ -37,18 +37,13 @@ def main(argv=None):
     ap.add_argument("--copies", type=int, default=8)
     ap.add_argument("--tiny", action="store_true", help="CPU dry run")
     args = ap.parse_args(argv)
-    from transformers import LlamaConfig
     if args.tiny:
         device = torch.device("cpu")
-        cfg = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        cfg = tiny_config()
         n, prompt, resp, kw = 12, 16, 32, dict(batch_tokens=256, chunk_positions=64)
     else:
         device = torch.device("cuda")
-        cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                          max_position_embeddings=8192, rope_theta=500000.0,
-                          tie_word_embeddings=False)
+        cfg = llama_8b_config()
         n, prompt, resp, kw = 36 * args.copies, 64, 384, dict(batch_tokens=8192,
                                                               chunk_positions=1024)
     P = build_model(cfg, 0, device, torch.bfloat16)

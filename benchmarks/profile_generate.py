@@ -16,7 +16,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_generate import build_model, run_book  # noqa: E402
+from bench_generate import run_book  # noqa: E402
+from random_models import build_model, llama_8b_config  # noqa: E402
 
 
 def main(argv=None):
@@ -27,12 +28,8 @@ def main(argv=None):
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--rows", type=int, default=30)
     args = ap.parse_args(argv)
-    from transformers import LlamaConfig
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                      max_position_embeddings=8192, rope_theta=500000.0,
-                      tie_word_embeddings=False)
-    model = build_model(cfg, 0, "cuda", torch.bfloat16)
+    cfg = llama_8b_config()
+    model = build_model(cfg, 0, "cuda", torch.bfloat16, attention="sdpa")
     g = torch.Generator().manual_seed(0)
     distinct = torch.randint(2, cfg.vocab_size, (-(-args.batch // args.share), args.prompt),
                              generator=g).tolist()
