@@ -1,0 +1,60 @@
+"""The trained policy: the base model with a fresh LoRA adapter, and the Sampler, a
+plain copy of the base that generates with the adapter's update merged into its weights."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import GRPOConfig
+
+
+def load_policy(cfg: GRPOConfig, device: str, model=None, tokenizer=None):
+    """Base model (fp32 weights) with a fresh LoRA adapter, its tokenizer, and a Sampler."""
+    from peft import LoraConfig, get_peft_model
+
+    from .. import gguf_cache
+
+    if model is None:
+        model, tokenizer = gguf_cache.demo_model(dtype=torch.float32, device=device)
+    sampler = Sampler(model, device)
+    torch.manual_seed(cfg.seed)
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                      target_modules=list(cfg.lora_target), bias="none", task_type="CAUSAL_LM")
+    policy = get_peft_model(model, lora)
+    return policy, tokenizer, sampler
+
+
+class Sampler:
+    """A plain copy of the base model that generates with the LoRA update merged in.
+
+    Generation is the cost of this loop, and it is bound by kernel launches: an unmerged
+    LoRA layer adds three launches to each of the 210 adapted linears, and autocast adds a
+    weight cast to each. So samples come from a bf16 (on GPU) copy whose adapted weights
+    are set to W + scale * B @ A before each round. Log-probs for the loss are computed by
+    the LoRA model itself, so the sampling copy only has to be close, not exact: the
+    clipped ratio absorbs the bf16 rounding, as it does for vLLM samplers in TRL.
+    """
+
+    def __init__(self, base_model, device: str):
+        import copy
+
+        self.dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        self.model = copy.deepcopy(base_model).to(device=device, dtype=self.dtype).eval()
+        self.model.generation_config = copy.deepcopy(base_model.generation_config)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def sync(self, policy, use_adapter: bool = True) -> None:
+        from peft.tuners.lora import LoraLayer
+
+        for name, module in policy.named_modules():
+            if not isinstance(module, LoraLayer):
+                continue
+            target = self.model.get_submodule(name.removeprefix("base_model.model."))
+            w = module.base_layer.weight.float()
+            if use_adapter:
+                a = module.lora_A["default"].weight.float()
+                b = module.lora_B["default"].weight.float()
+                w = w + module.scaling["default"] * (b @ a)
+            target.weight.copy_(w.to(self.dtype))
