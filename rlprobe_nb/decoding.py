@@ -245,6 +245,10 @@ class _Slots:
         """A CUDA graph of ``_step`` per span, recorded with every slot idle; eager steps
         (with a warning) if capturing fails. Out of memory, and any failure of a compiled
         step, is raised: the first halves the slots, the second names its setting."""
+        with _compiling(self.model_step is not self._forward):
+            self._capture_spans()
+
+    def _capture_spans(self) -> None:
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -516,6 +520,16 @@ def _engine(model, slots: int, length: int, eos: Sequence[int], graphs: bool,
     if engine.graphs is not None:
         _HELD["engine"] = (key, engine)
     return engine
+
+
+def _compiling(compiled: bool):
+    """Room for every compilation a process needs (each span, number of slots and buffer
+    length is one), and an error rather than torch's silent fall-back to the uncompiled
+    step past the limit: that would change the tokens with the process's history."""
+    if not compiled:
+        return contextlib.nullcontext()
+    import torch._dynamo
+    return torch._dynamo.config.patch(recompile_limit=256, fail_on_recompile_limit_hit=True)
 
 
 def _weights_in_place(model) -> tuple[int, ...]:
