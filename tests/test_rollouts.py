@@ -147,3 +147,17 @@ def test_a_compiled_decode_step_changes_the_sampling_keys():
     compiled = sampling_keys(params.load("demo", overrides={"runtime.compile_decode": True}))
     assert [k["decode"] for k in compiled] == ["compiled", "compiled"]
     assert params.load("tulu3").runtime.compile_decode
+
+
+def test_compiling_allows_every_compilation_and_never_falls_back_silently():
+    import torch._dynamo
+    from rlprobe_nb import decoding
+    before = torch._dynamo.config.recompile_limit, torch._dynamo.config.fail_on_recompile_limit_hit
+    with decoding._compiling(True):
+        assert torch._dynamo.config.recompile_limit >= 64
+        assert torch._dynamo.config.fail_on_recompile_limit_hit
+    with decoding._compiling(False):
+        assert (torch._dynamo.config.recompile_limit,
+                torch._dynamo.config.fail_on_recompile_limit_hit) == before
+    assert (torch._dynamo.config.recompile_limit,
+            torch._dynamo.config.fail_on_recompile_limit_hit) == before
