@@ -32,7 +32,7 @@ CUDA each layer's q/k/v and gate/up projections run as one product each
 (``fused_projections``). With ``compiled=True`` the step's model call also goes through
 ``torch.compile`` (inductor's deterministic mode: no on-device autotuning, so
 every process compiles the same kernels): about 20% faster per step at 8B, two minutes
-of compilation per model and number of slots, and tokens that differ in the last bits
+of compilation per process, number of slots and buffer length, and tokens that differ in the last bits
 from the uncompiled loop (the suite's ``runtime.compile_decode``, recorded in the table
 keys). On the CPU the step runs eagerly
 over the span of the longest live sequence, and the batch shrinks to its live slots once

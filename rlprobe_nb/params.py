@@ -119,7 +119,7 @@ class RuntimeParams:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "float32"  # float32 | bfloat16 | float16
     # Sampling (01, 02) on CUDA: the decode step through torch.compile (about 20% faster per
-    # step at 8B, two minutes of compilation per model; tokens differ in the last bits, so
+    # step at 8B, two minutes of compilation per worker; tokens differ in the last bits, so
     # the answers and rollouts keys record it)
     compile_decode: bool = False
 
