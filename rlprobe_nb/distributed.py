@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import warnings
 from typing import Any, Callable, Sequence
@@ -107,6 +108,19 @@ def run_sharded(task: Callable[[list, Any], None], items: Sequence, workers: int
     return n
 
 
+def _fresh_compile_pools() -> None:
+    """After a fork: torch inductor's compile thread pool, if the coordinator made one, has
+    no threads here (torch resets its process pool after a fork, not this one), so a
+    compilation handed to it would wait forever. This worker compiles in its own thread,
+    through pools it makes itself."""
+    compiling = sys.modules.get("torch._inductor.async_compile")
+    if compiling is None:
+        return  # nothing compiled before the fork: the pools are made here, fresh
+    compiling.AsyncCompile.pool.cache_clear()
+    compiling.after_fork()
+    sys.modules["torch._inductor.config"].compile_threads = 1
+
+
 def _worker(task: Callable[[list, Any], None], items: list) -> None:
     """One forked worker: its device and process group, then its share of ``items``."""
     import torch
@@ -115,9 +129,10 @@ def _worker(task: Callable[[list, Any], None], items: list) -> None:
     from . import grading_pool
 
     # Inherited state that belongs to the coordinator: its grader subprocesses (this
-    # worker starts its own) and any accelerate state.
+    # worker starts its own), any accelerate state, and torch's compile pools.
     grading_pool._POOLS.clear()
     PartialState._reset_state()
+    _fresh_compile_pools()
     os.environ[PROCESSES_ENV] = "1"  # a sharded call inside a worker runs in the worker
     state = PartialState(cpu=not torch.cuda.is_available())
     if state.device.type == "cuda":
