@@ -48,4 +48,4 @@ lock: install
 
 # Delete what the book wrote for SUITE (tables, caches, figures); shipped inputs stay.
 clean-results: install
-	$(PY) -m rlprobe_nb.clean --suite "$(SUITE)"
+	$(PY) -m rlprobe_nb.tables.clean --suite "$(SUITE)"

@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from random_models import build_model, llama_8b_config, make_sequences, tiny_config  # noqa: E402
 
-from rlprobe_nb import divergence, forcing  # noqa: E402
+from rlprobe_nb import forcing  # noqa: E402
+from rlprobe_nb.forcing import metrics
 
 
 class Timer:
@@ -135,7 +136,7 @@ def run_scenario(name, P, Q, seqs, args, device, timer, row_fn, torch_fn):
 
     def math_only(fn=row_fn):
         for _ in range(n_chunks):
-            divergence.token_metrics(lp_chunk, lq_chunk, tgt_chunk, args.topk, row_fn=fn)
+            metrics.token_metrics(lp_chunk, lq_chunk, tgt_chunk, args.topk, row_fn=fn)
 
     def math_only_torch():
         math_only(torch_fn)
@@ -172,8 +173,8 @@ def run_scenario(name, P, Q, seqs, args, device, timer, row_fn, torch_fn):
         print(f"  {name} {label}: {rows / med:,.0f} rows/s  (median {med:.3f}s of "
               f"{[round(t, 3) for t in times]}), peak over weights {mem:.2f} GiB", flush=True)
 
-    if row_fn is divergence.fused_row_fn:  # kernel shape: a few (block, warps) side by side
-        from rlprobe_nb import fused_metrics
+    if row_fn is metrics.fused_row_fn:  # kernel shape: a few (block, warps) side by side
+        from rlprobe_nb.forcing import fused_metrics
         tuning = {}
         for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16)):
             med, _ = timer(lambda: fused_metrics.row_reductions(lp_chunk, lq_chunk, tgt_chunk,
@@ -236,7 +237,7 @@ def run_scenario(name, P, Q, seqs, args, device, timer, row_fn, torch_fn):
                                      forcing.Side("Q", cache_dir=f"{tmp}/hQ"), f"{tmp}/tok", **kw)
         timer.sync()
         e2e_s = time.perf_counter() - t
-        from rlprobe_nb import storage
+        from rlprobe_nb.tables import storage
         manifest = storage.read_manifest(out)
         assert manifest["rows"] == big_rows, (manifest["rows"], big_rows)
         eng = manifest["engine"]
@@ -285,24 +286,24 @@ def run_scenario(name, P, Q, seqs, args, device, timer, row_fn, torch_fn):
         bf_p = (h_p[pick] @ head_p.weight.t()).float().cpu()  # bf16 logits, as HF returns them
         bf_q = (h_q[pick] @ head_q.weight.t()).float().cpu()
     t_cpu = tgt[pick].cpu()
-    want = divergence.reference_metrics_f64(torch.log_softmax(lp64, -1), torch.log_softmax(lq64, -1),
+    want = metrics.reference_metrics_f64(torch.log_softmax(lp64, -1), torch.log_softmax(lq64, -1),
                                             t_cpu, lp64, lq64)
     errors = {}
     for j, metric in enumerate(forcing.METRIC_COLUMNS):
-        if metric in divergence.INT_METRICS:
+        if metric in metrics.INT_METRICS:
             errors[metric] = float((packed[:, j].double() - want[metric].double()).abs().max())
         else:
-            errors[metric] = float(divergence.relative_error(packed[:, j], want[metric], 1e-3).max())
-    naive_out = divergence.token_metrics(bf_p, bf_q, t_cpu, topk=0)
-    naive_err = {m: float(divergence.relative_error(naive_out[m], want[m], 1e-3).max())
+            errors[metric] = float(metrics.relative_error(packed[:, j], want[metric], 1e-3).max())
+    naive_out = metrics.token_metrics(bf_p, bf_q, t_cpu, topk=0)
+    naive_err = {m: float(metrics.relative_error(naive_out[m], want[m], 1e-3).max())
                  for m in ("kl_ckpt_ref", "kl_ref_ckpt", "js", "logp_ckpt")}
     results["max_rel_error_engine"] = errors
     results["max_rel_error_bf16_logits"] = naive_err
     results["kl_median_f64"] = float(want["kl_ckpt_ref"].median())
     results["rows"], results["input_tokens"], results["batches"] = rows, in_tokens, len(batches)
     print(f"  {name} max relative error vs float64 (floor 1e-3) engine: "
-          f"{max(v for k, v in errors.items() if k not in divergence.INT_METRICS):.2e} "
-          f"(ranks off by {max(errors[k] for k in divergence.INT_METRICS):.0f}); "
+          f"{max(v for k, v in errors.items() if k not in metrics.INT_METRICS):.2e} "
+          f"(ranks off by {max(errors[k] for k in metrics.INT_METRICS):.0f}); "
           f"bf16 logits: {max(naive_err.values()):.2e}", flush=True)
     return results
 
@@ -342,11 +343,11 @@ def main(argv=None):
     Q = build_model(cfg, 1, device, dtype)
     init_s = time.perf_counter() - t0
     weights_gib = (torch.cuda.memory_allocated() / 2 ** 30) if device.type == "cuda" else float("nan")
-    row_fn = None if args.no_compile else divergence.compiled_row_fn(device)
-    torch_fn = divergence.torch_compiled_row_fn(device)  # the previous CUDA path, for comparison
+    row_fn = None if args.no_compile else metrics.compiled_row_fn(device)
+    torch_fn = metrics.torch_compiled_row_fn(device)  # the previous CUDA path, for comparison
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device {card}; torch {torch.__version__}; models built in {init_s:.1f}s; "
-          f"weights {weights_gib:.1f} GiB; metric math: {divergence.row_fn_kind(row_fn)}", flush=True)
+          f"weights {weights_gib:.1f} GiB; metric math: {metrics.row_fn_kind(row_fn)}", flush=True)
     timer = Timer(device)
     all_results = {"device": card, "torch": torch.__version__, "args": vars(args),
                    "init_seconds": init_s}

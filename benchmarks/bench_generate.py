@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from random_models import build_model, llama_8b_config, tiny_config  # noqa: E402
 
-from rlprobe_nb import decoding  # noqa: E402
+from rlprobe_nb.generation import decoding  # noqa: E402
 
 
 def sync(device):

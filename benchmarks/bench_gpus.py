@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from random_models import build_model, llama_8b_config, make_sequences, tiny_config  # noqa: E402
 
-from rlprobe_nb import distributed, forcing, storage  # noqa: E402
+from rlprobe_nb import distributed, forcing
+from rlprobe_nb.tables import storage  # noqa: E402
 
 METRICS = ["logp_ckpt", "logp_ref", "dlogp", "entropy_ckpt", "entropy_ref", "kl_ckpt_ref",
            "kl_ref_ckpt", "js", "k1", "k2", "k3"]

@@ -62,8 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
 
-    from rlprobe_nb import viewer
-    from rlprobe_nb.render import synthetic
+    from rlprobe_nb.render import synthetic, viewer
 
     steps = {f"rlvr_step_{s}": s for s in (100, 200, 400, 800, 1200)}
     suite = synthetic.synthetic_suite(n_problems=1, rollouts_per_problem=1, n_tokens=args.tokens, steps=steps,

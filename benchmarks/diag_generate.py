@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_generate import run_book  # noqa: E402
 from random_models import build_model, llama_8b_config  # noqa: E402
 
-from rlprobe_nb import decoding  # noqa: E402
+from rlprobe_nb.generation import decoding  # noqa: E402
 
 
 def family(name: str) -> str:

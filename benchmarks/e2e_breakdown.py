@@ -28,7 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from random_models import build_model, llama_8b_config, make_sequences, tiny_config  # noqa: E402
-from rlprobe_nb import forcing, storage  # noqa: E402
+
+from rlprobe_nb import forcing
+from rlprobe_nb.tables import storage  # noqa: E402
 
 
 def main(argv=None):

@@ -1,4 +1,4 @@
-"""How exact the demo suite's per-token table is (rlprobe_nb.precision), on this CPU.
+"""How exact the demo suite's per-token table is (rlprobe_nb.forcing.precision), on this CPU.
 
     python benchmarks/precision_demo.py [--rollouts 6] [--tokens 96]
 
@@ -6,14 +6,18 @@ Samples a few rollouts from the demo's reference, forces them through rlvr_step_
 prints, per metric, the largest error of the engine's table against (math) float64 math
 from the same hidden states, (row) a float64 forward of both models, and the same table
 computed with other batch and chunk sizes. Relative errors; absolute below the floors of
-rlprobe_nb.precision.FLOORS.
+rlprobe_nb.forcing.precision.FLOORS.
 """
 
 import argparse
 
 import pandas as pd
 
-from rlprobe_nb import forcing, models, params, precision, problems, rollouts
+from rlprobe_nb import forcing
+from rlprobe_nb.forcing import precision
+from rlprobe_nb.generation import rollouts
+from rlprobe_nb.problems import sources as problem_sources
+from rlprobe_nb.suite import models, params
 
 
 def main() -> None:
@@ -23,7 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     P = params.load("demo", "rlvr_step_1200", overrides={"runtime.device": "cpu"})
     ref, ckpt = models.load_model("dpo", P), models.load_model("rlvr_step_1200", P)
-    probs = problems.load_problems("demo", n=args.rollouts, seed=3, split_name="test")
+    probs = problem_sources.load_problems("demo", n=args.rollouts, seed=3, split_name="test")
     drawn = rollouts.generate_rollouts(ref.model, ref.tokenizer, probs, model_name="dpo",
                                        template=P.prompt_template, n_per_problem=1,
                                        temperatures=[0.8], max_new_tokens=args.tokens, seed=5,

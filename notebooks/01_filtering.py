@@ -27,8 +27,12 @@
 # %%
 import pandas as pd
 
-from rlprobe_nb import filtering, grading, keys, models, params, paths, problems, provenance
-from rlprobe_nb import rollouts, schemas, statistics, storage, suite_keys
+from rlprobe_nb import statistics
+from rlprobe_nb.generation import rollouts
+from rlprobe_nb.problems import filtering, grading
+from rlprobe_nb.problems import sources as problem_sources
+from rlprobe_nb.suite import models, params, paths
+from rlprobe_nb.tables import keys, provenance, schemas, storage, suite_keys
 
 # %% tags=["parameters"]
 suite = None
@@ -45,7 +49,7 @@ overwrite = False
 params.check_notebook_parameters(globals().get("In", []), [
     "suite", "n_problems", "n_samples", "max_new_tokens", "overwrite"])
 P = params.load(suite=suite, overrides={
-    "problems.limit": n_problems, "filtering.n_samples": n_samples,
+    "problem_sources.limit": n_problems, "filtering.n_samples": n_samples,
     "filtering.max_new_tokens": max_new_tokens})
 REFERENCE, TARGET = P.reference, P.target
 F = P.filtering
@@ -63,7 +67,7 @@ print(f"suite {P.suite}: reference {REFERENCE!r}, target {TARGET!r}, "
 # `\boxed{}` of the solution, extracted by matching braces.
 
 # %%
-PROBLEMS = problems.load_problems(
+PROBLEMS = problem_sources.load_problems(
     P.problems.source, hub_id=P.problems.hub_id, config=P.problems.config,
     split=P.problems.split, path=P.problems.path and paths.resolve(P.problems.path),
     n=P.problems.n, seed=P.problems.seed, split_name=P.problems.split_name,
@@ -79,7 +83,7 @@ PROBLEMS.head(3)
 # %% [markdown]
 # ## Answers
 #
-# Each model answers each problem with the chat template of `rlprobe_nb.prompting`.
+# Each model answers each problem with the chat template of `rlprobe_nb.suite.prompting`.
 # Answers are graded by math-verify on the last `\boxed{}` only (no box: wrong), in
 # worker processes with a timeout; model text is never evaluated. Shards are written as
 # they finish, so an interrupted run resumes where it stopped; a table computed from other

@@ -26,8 +26,12 @@
 # Only a finished text is a wrong answer; an unfinished one is not forced by default.
 
 # %%
-from rlprobe_nb import grading, models, params, paths, problems, provenance, rollouts
-from rlprobe_nb import schemas, statistics, storage, suite_keys
+from rlprobe_nb import statistics
+from rlprobe_nb.generation import rollouts
+from rlprobe_nb.problems import grading
+from rlprobe_nb.problems import sources as problem_sources
+from rlprobe_nb.suite import models, params, paths
+from rlprobe_nb.tables import provenance, schemas, storage, suite_keys
 
 # %% tags=["parameters"]
 suite = None
@@ -100,11 +104,11 @@ if R.source == "generate":
 
 # %%
 if R.source == "prior":
-    PRIOR = problems.read_prior_responses(paths.resolve(R.prior_path))
+    PRIOR = problem_sources.read_prior_responses(paths.resolve(R.prior_path))
     PRIOR = PRIOR[PRIOR["problem_id"].isin(TODO["problem_id"])]
-    IMPORTED, DISAGREE = problems.regrade_prior(PRIOR, PROBLEMS, P.reference,
+    IMPORTED, DISAGREE = problem_sources.regrade_prior(PRIOR, PROBLEMS, P.reference,
                                                 P.grading.timeout_s, P.grading.workers)
-    ROLLOUTS, SET_ASIDE = problems.rollouts_from_text(
+    ROLLOUTS, SET_ASIDE = problem_sources.rollouts_from_text(
         IMPORTED, PROBLEMS, models.load_tokenizer(P.reference, P), P.prompt_template)
     storage.write_derived(paths.table_dir(P.suite, "rollouts"), ROLLOUTS, schemas.ROLLOUTS,
                           {**MANIFEST, "set_aside": SET_ASIDE.to_dict("records")}, KEY,

@@ -33,7 +33,10 @@
 # %%
 from IPython.display import HTML
 
-from rlprobe_nb import forcing, forcing_plan, models, params, paths, render, storage, suite_keys, views
+from rlprobe_nb import forcing, render, views
+from rlprobe_nb.forcing import plan as forcing_plan
+from rlprobe_nb.suite import models, params, paths
+from rlprobe_nb.tables import storage, suite_keys
 
 # %% tags=["parameters"]
 suite = None

@@ -39,11 +39,12 @@
 # %%
 from IPython.display import Markdown, display
 
-from rlprobe_nb import divergence_charts as charts
-from rlprobe_nb import divergence_summary as summary
-from rlprobe_nb import entropy_concentration as entropy
-from rlprobe_nb import estimator_lab as lab
-from rlprobe_nb import params, paths, suite_keys, suite_tables, token_categories, views
+from rlprobe_nb import views
+from rlprobe_nb.divergence import charts, summary, token_categories
+from rlprobe_nb.divergence import entropy_concentration as entropy
+from rlprobe_nb.divergence import estimator_lab as lab
+from rlprobe_nb.suite import params, paths
+from rlprobe_nb.tables import suite_keys, suite_tables
 
 # %% tags=["parameters"]
 suite = None

@@ -26,8 +26,18 @@
 # across the training steps.
 
 # %%
-from rlprobe_nb import models, params, paths, provenance, schemas, suite_tables, views
-from rlprobe_nb.spikes import across_steps, charts, detect, simulate, spike_rates, summary, table
+from rlprobe_nb import views
+from rlprobe_nb.spikes import (
+                                  across_steps,
+                                  charts,
+                                  detect,
+                                  simulate,
+                                  spike_rates,
+                                  summary,
+                                  table,
+)
+from rlprobe_nb.suite import models, params, paths
+from rlprobe_nb.tables import provenance, schemas, suite_tables
 
 # %% tags=["parameters"]
 suite = None

@@ -33,8 +33,9 @@
 # %%
 from IPython.display import HTML, display
 
-from rlprobe_nb import case_studies, models, params, paths, storage, suite_keys, suite_tables
-from rlprobe_nb.render import case_page, shared_scale
+from rlprobe_nb.render import case_page, case_studies, shared_scale
+from rlprobe_nb.suite import models, params, paths
+from rlprobe_nb.tables import storage, suite_keys, suite_tables
 
 # %% tags=["parameters"]
 suite = None

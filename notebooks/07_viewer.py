@@ -26,7 +26,9 @@
 # %%
 from IPython.display import HTML
 
-from rlprobe_nb import models, params, suite_keys, suite_tables, viewer
+from rlprobe_nb.render import viewer
+from rlprobe_nb.suite import models, params
+from rlprobe_nb.tables import suite_keys, suite_tables
 
 # %% tags=["parameters"]
 suite = None

@@ -39,9 +39,13 @@
 import pandas as pd
 from IPython.display import display
 
-from rlprobe_nb import case_studies, grading, models, params, paths, provenance, suite_keys
-from rlprobe_nb import suite_tables, token_categories, views
+from rlprobe_nb import views
 from rlprobe_nb.counterfactuals import branching, charts, plan, table, takeover
+from rlprobe_nb.divergence import token_categories
+from rlprobe_nb.problems import grading
+from rlprobe_nb.render import case_studies
+from rlprobe_nb.suite import models, params, paths
+from rlprobe_nb.tables import provenance, suite_keys, suite_tables
 
 # %% tags=["parameters"]
 suite = None

@@ -30,7 +30,9 @@
 # %%
 from pathlib import Path
 
-from rlprobe_nb import demo_viz, params, paths, views
+from rlprobe_nb import views
+from rlprobe_nb.demo import training_run
+from rlprobe_nb.suite import params, paths
 
 # %% tags=["parameters"]
 train = False  # True: rerun GRPO (needs a CUDA GPU), else show the recorded run
@@ -70,15 +72,18 @@ command = [
 
 # %%
 if train:
-    import subprocess, sys, torch
+    import subprocess
+    import sys
+
+    import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError("train=True needs a CUDA GPU; run with train=False to see the record")
     subprocess.run([sys.executable, *command[1:]], check=True)
-    run_dir = demo_viz.ship_run(run_root / "raw", dest_root=run_root / "shipped")
+    run_dir = training_run.ship_run(run_root / "raw", dest_root=run_root / "shipped")
 else:
-    run_dir = demo_viz.shipped_run_dir()
-record = demo_viz.load_recorded_run(run_dir)
+    run_dir = training_run.shipped_run_dir()
+record = training_run.load_recorded_run(run_dir)
 print("showing the run in", run_dir.relative_to(paths.REPO_ROOT) if run_dir.is_relative_to(paths.REPO_ROOT) else run_dir)
 
 # %% [markdown]
@@ -86,12 +91,12 @@ print("showing the run in", run_dir.relative_to(paths.REPO_ROOT) if run_dir.is_r
 #
 # Each round samples 8 completions for each of 64 training problems from the current
 # policy, grades them, and takes 8 optimizer steps on minibatches of 8 problems (TRL's
-# `steps_per_generation`). The reward is 1 when math-verify (`rlprobe_nb.grading`) finds
+# `steps_per_generation`). The reward is 1 when math-verify (`rlprobe_nb.problems.grading`) finds
 # the last `\boxed{}` answer equal to the gold answer *and* that answer is a plain number,
 # plus 0.1 when the response has exactly one non-empty box and ends with EOS within 96
 # tokens. Advantages are group-normalized (GRPO); the loss is PPO's clipped ratio plus
 # 0.02 × the k3 estimate of KL to the start model. The loop is our own, short module
-# (`rlprobe_nb.grpo`), because TRL is not installed on the GPU machine; its docstring
+# (`rlprobe_nb.demo.grpo`), because TRL is not installed on the GPU machine; its docstring
 # says why and how.
 
 # %% [markdown]
@@ -104,7 +109,7 @@ print("showing the run in", run_dir.relative_to(paths.REPO_ROOT) if run_dir.is_r
 # jumps while the format changes and settles near 0.4–0.5 nats per token.
 
 # %%
-views.show(demo_viz.training_curves(record["log"], window=25),
+views.show(training_run.training_curves(record["log"], window=25),
            save_as=paths.figures_dir("demo") / "appendix_training_curves")
 
 # %% [markdown]
@@ -120,7 +125,7 @@ table = record["accuracy"]
 table.round(3)
 
 # %%
-views.show(demo_viz.accuracy_chart(table), save_as=paths.figures_dir("demo") / "appendix_accuracy")
+views.show(training_run.accuracy_chart(table), save_as=paths.figures_dir("demo") / "appendix_accuracy")
 
 # %% [markdown]
 # The final checkpoint's intervals lie far above the base model's on both measures. The
@@ -160,4 +165,4 @@ first = record["manifest"]["first_attempt"]
 # ## Exact command, seeds and package versions of the recorded training run
 
 # %%
-demo_viz.run_facts(record["manifest"])
+training_run.run_facts(record["manifest"])

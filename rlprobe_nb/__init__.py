@@ -1,14 +1,24 @@
 """rlprobe_nb: find the tokens where RLVR training changes a model's reasoning.
 
-A thin helper package under the notebooks in ``notebooks/``: one module per idea
-(params, paths, keys, storage, problems, grading, rollouts, forcing, divergence,
-statistics, views, ...). Notebooks orchestrate; everything reused, tested or numerical
-lives here.
+A thin helper package under the notebooks in ``notebooks/``, laid out like the book:
+one subpackage per stage, imports only downward (a test checks the graph).
+
+  suite/  tables/    what a suite is; how results are kept (below every stage)
+  problems/          01  problems, grading, filtering and selection
+  generation/        01 02  seeded sampling of answers and rollouts
+  forcing/           03  teacher forcing and the exact per-token metrics
+  divergence/        04  aggregates, token categories, entropy, the estimator lab
+  spikes/            05  tokens that depart far more than comparable ones
+  render/            06 07  case studies, coloured tokens, the live viewer
+  counterfactuals/   08  does the token matter? branching and grading continuations
+  demo/              only the demo suite: its GRPO run, tiny stand-ins
+  book, distributed, progress, statistics, views: used by every stage
 """
 
 __version__ = "0.1.0"
 
-from .progress import in_kernel as _in_kernel, quiet_library_progress as _quiet
+from rlprobe_nb.progress import in_kernel as _in_kernel
+from rlprobe_nb.progress import quiet_library_progress as _quiet
 
 if _in_kernel():  # library progress bars as plain text in notebooks (see progress)
     _quiet()

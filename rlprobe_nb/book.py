@@ -38,7 +38,8 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 
-from . import distributed, params, paths
+from rlprobe_nb import distributed
+from rlprobe_nb.suite import params, paths
 
 PER_CHECKPOINT = "03_teacher_forcing"
 
@@ -171,7 +172,7 @@ def export_html(executed: Path) -> tuple[Path, list[str]]:
     page would still load from the network (outputs' own scripts), if anything."""
     import nbformat
 
-    from .storage import atomic_write_text
+    from rlprobe_nb.tables.storage import atomic_write_text
 
     nb = without_widget_views(nbformat.read(executed, 4))
     body, _ = offline_exporter().from_notebook_node(nb)
@@ -216,7 +217,7 @@ def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path) -> tuple[float
     stays as it was."""
     import papermill as pm
 
-    from .storage import atomic_path
+    from rlprobe_nb.tables.storage import atomic_path
 
     start = time.perf_counter()
     target, failed = out_dir / f"{stem}.ipynb", failed_path(out_dir, stem)
@@ -251,7 +252,7 @@ def report_failure(failure: NotebookFailed, out_dir: Path, stem: str) -> None:
 
 def prepare() -> None:
     """One-time set-up for the demo suite: convert its GGUF to a safetensors cache."""
-    from . import gguf_cache, models
+    from rlprobe_nb.suite import gguf_cache, models
 
     P = params.load(params.DEFAULT_SUITE)
     spec = P.model_spec(P.reference)

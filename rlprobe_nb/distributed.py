@@ -126,7 +126,7 @@ def _worker(task: Callable[[list, Any], None], items: list) -> None:
     import torch
     from accelerate import PartialState
 
-    from . import grading_pool
+    from rlprobe_nb.problems import grading_pool
 
     # Inherited state that belongs to the coordinator: its grader subprocesses (this
     # worker starts its own), any accelerate state, and torch's compile pools.
@@ -152,7 +152,7 @@ def run_shards(table, jobs: list[tuple[str, Callable[[], Any]]], manifest,
     """``storage.run_shards`` for a begun table, its missing shards shared among worker
     processes: the coordinator holds the lock and writes the manifest once every shard
     exists. Returns the keys computed this time."""
-    from .progress import tqdm
+    from rlprobe_nb.progress import tqdm
 
     try:
         done = table.done()
@@ -185,7 +185,8 @@ def run_pair(seqs, names: tuple[str, str], out_dir, load: Callable[[], tuple], *
     manifest's base, or a function that returns it once the models are loaded. The other
     arguments are ``run_pair``'s, except that ``compile_body=None`` means eager layers here
     (the same table for any number of workers). Returns the table folder (None without a table)."""
-    from . import forcing, schemas, storage
+    from rlprobe_nb import forcing
+    from rlprobe_nb.tables import schemas, storage
 
     if engine.get("compile_body") is None:
         # Eager decoder layers unless asked for: compiled (autotuned) kernels differ between
@@ -247,7 +248,7 @@ def _finish_pair(seqs, names, table, caches, facts_dir, provenance, suite, ran: 
                  seconds: float) -> None:
     """The coordinator's end of a shared run: the caches' index, then the manifest, with
     the workers' facts merged (the first worker's, plus each worker's counts)."""
-    from . import storage
+    from rlprobe_nb.tables import storage
 
     files = sorted(facts_dir.glob("_share-*.json"))
     shares = [storage.read_json(f) for f in files]

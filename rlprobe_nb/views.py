@@ -102,7 +102,7 @@ def show(chart, save_as: str | Path | None = None):
     spec = chart.to_json()
     svg = vlc.vegalite_to_svg(spec)
     if save_as is not None:
-        from .storage import atomic_path
+        from rlprobe_nb.tables.storage import atomic_path
 
         base = Path(save_as)
         base.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from rlprobe_nb import demo_problems, grpo, provenance  # noqa: E402
+from rlprobe_nb.demo import grpo
+from rlprobe_nb.problems import arithmetic
+from rlprobe_nb.tables import provenance  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -87,7 +89,7 @@ def main(argv=None) -> int:
         if policy is None:
             policy, tok, sampler = grpo.load_policy(cfg, args.device)
         t1 = time.time()
-        problems = demo_problems.generate_problems("test", args.eval_problems, args.seed)
+        problems = arithmetic.generate_problems("test", args.eval_problems, args.seed)
         rows = grpo.evaluate(policy, sampler, tok, problems, grpo.evaluation_models(out),
                              args.device, n_samples=args.eval_samples,
                              temperature=args.eval_temperature,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from rlprobe_nb import paths
 from tiny_models import tiny_llama
+
+from rlprobe_nb.suite import paths
 
 SMALL_CHECKPOINTS = ("rlvr_step_400", "rlvr_step_1200")
 

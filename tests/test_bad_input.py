@@ -11,8 +11,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from rlprobe_nb import clean, params, paths, problems, prompting
-from rlprobe_nb.tiny import tiny_tokenizer
+from rlprobe_nb.demo.tiny import tiny_tokenizer
+from rlprobe_nb.problems import sources as problem_sources
+from rlprobe_nb.suite import params, paths, prompting
+from rlprobe_nb.tables import clean
 
 
 @pytest.fixture()
@@ -109,7 +111,7 @@ def test_special_token_text_in_an_imported_response_stays_text_and_is_flagged():
                             "extracted": [None, None], "grade_method": "no_box",
                             "n_boxes": 0, "correct": False})
     probs = pd.DataFrame({"problem_id": ["p1", "p2"], "problem": ["2+2?", "1+3?"]})
-    rollouts, set_aside = problems.rollouts_from_text(answers, probs, tok, "{problem}")
+    rollouts, set_aside = problem_sources.rollouts_from_text(answers, probs, tok, "{problem}")
     first = rollouts.iloc[0]
     assert tok.eos_token_id not in list(first.response_ids)
     assert tok.decode(list(first.response_ids)) == first.response
@@ -124,7 +126,7 @@ def test_an_empty_imported_response_is_set_aside_not_fatal():
                             "response": ["  ", "the answer is 4"], "extracted": [None, None],
                             "grade_method": "no_box", "n_boxes": 0, "correct": False})
     probs = pd.DataFrame({"problem_id": ["p1", "p2"], "problem": ["2+2?", "1+3?"]})
-    rollouts, set_aside = problems.rollouts_from_text(answers, probs, tok, "{problem}")
+    rollouts, set_aside = problem_sources.rollouts_from_text(answers, probs, tok, "{problem}")
     assert list(rollouts.problem_id) == ["p2"]
     assert set_aside.to_dict("records") == [{"model": "dpo", "problem_id": "p1",
                                              "reason": "empty response"}]
@@ -133,19 +135,19 @@ def test_an_empty_imported_response_is_set_aside_not_fatal():
 def test_a_repeated_id_in_a_json_object_is_an_error(tmp_path):
     path = tmp_path / "responses.json"
     path.write_text('{"a": {"response": "1"}, "b": {"response": "2"}, "a": {"response": "3"}}')
-    with pytest.raises(problems.ProblemsError, match="'a' appears twice"):
-        problems.read_prior_responses(path)
+    with pytest.raises(problem_sources.ProblemsError, match="'a' appears twice"):
+        problem_sources.read_prior_responses(path)
     path.write_text('{"a": {"problem": "1+1", "answer": "2"}, "a": {"problem": "2+2", "answer": "4"}}')
-    with pytest.raises(problems.ProblemsError, match="'a' appears twice"):
-        problems.from_file(path)
+    with pytest.raises(problem_sources.ProblemsError, match="'a' appears twice"):
+        problem_sources.from_file(path)
 
 
 def test_a_binary_parquet_problem_column_is_decoded_not_stringified(tmp_path):
-    path = tmp_path / "problems.parquet"
+    path = tmp_path / "problem_sources.parquet"
     pd.DataFrame({"unique_id": ["x/1"], "problem": [b"What is $1+1$?"],
                   "answer": [b"2"]}).to_parquet(path)
-    df = problems.from_file(path)
+    df = problem_sources.from_file(path)
     assert df.problem.iloc[0] == "What is $1+1$?" and df.answer.iloc[0] == "2"
     pd.DataFrame({"unique_id": ["x/1"], "problem": [b"\xff\xfe"], "answer": ["2"]}).to_parquet(path)
-    with pytest.raises(problems.ProblemsError, match="not UTF-8"):
-        problems.from_file(path)
+    with pytest.raises(problem_sources.ProblemsError, match="not UTF-8"):
+        problem_sources.from_file(path)

@@ -8,7 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlprobe_nb import book, paths, progress
+from rlprobe_nb import book, progress
+from rlprobe_nb.suite import paths
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -110,7 +111,7 @@ def widget_only_outputs(nb_path: Path) -> list[str]:
 
 HAZARDS = [
     "md:Forward KL $\\mathrm{KL}(P \\| Q)$ and entropy $$H(p) = -\\sum_x p(x) \\log p(x)$$",
-    "from rlprobe_nb import rollouts  # as the chapters do",
+    "from rlprobe_nb.generation import rollouts  # as the chapters do",
     "from rlprobe_nb.progress import tqdm\nfor _ in tqdm(range(40), desc='book loop'):\n    pass",
     "from transformers.utils import logging as hf_logging  # the bar of 'Loading weights'\n"
     "for _ in hf_logging.tqdm(range(30), desc='Loading weights'):\n    pass",

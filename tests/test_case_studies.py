@@ -10,11 +10,11 @@ from html.parser import HTMLParser
 import numpy as np
 import pandas as pd
 import pytest
-
-from rlprobe_nb import case_studies as cs
-from rlprobe_nb.render import case_page, shared_scale, synthetic
-from rlprobe_nb.render.tokens_html import show_token
 from test_render import Spans, tooltip_numbers
+
+from rlprobe_nb.render import case_page, shared_scale, synthetic
+from rlprobe_nb.render import case_studies as cs
+from rlprobe_nb.render.tokens_html import show_token
 
 FINAL = "rlvr_step_1200"
 
@@ -223,7 +223,8 @@ def run_draft_notebook(name: str, tmp_path, monkeypatch) -> dict:
 
     import jupytext
 
-    from rlprobe_nb import models, params, paths, storage, suite_keys, suite_tables
+    from rlprobe_nb.suite import models, params, paths
+    from rlprobe_nb.tables import storage, suite_keys, suite_tables
 
     P = params.load(None)
     data = synthetic.synthetic_suite(n_problems=3, rollouts_per_problem=2, n_tokens=40, seed=2,

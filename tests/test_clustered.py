@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from rlprobe_nb import clustered
+from rlprobe_nb.divergence import clustered
 
 ICC = 0.3
 

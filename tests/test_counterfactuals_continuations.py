@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlprobe_nb import prompting
 from rlprobe_nb.counterfactuals import continuations as C
+from rlprobe_nb.suite import prompting
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = ["What is $2+3$?", "What is $12 \\times 4$?", "Solve $3x = 14$ for $x$."]

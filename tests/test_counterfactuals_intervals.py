@@ -7,7 +7,10 @@ import pandas as pd
 import pytest
 
 from rlprobe_nb.counterfactuals import branching
-from rlprobe_nb.counterfactuals.intervals import cluster_bootstrap_difference, newcombe_ci
+from rlprobe_nb.counterfactuals.intervals import (
+    cluster_bootstrap_difference,
+    newcombe_ci,
+)
 from rlprobe_nb.statistics import cluster_bootstrap_ci, seed_from
 
 # Newcombe (1998), Statistics in Medicine 17:873-890, Table II, method 10 (hybrid score,

@@ -14,8 +14,11 @@ import pandas as pd
 import pytest
 import torch
 
-from rlprobe_nb import grading, models, params, problems, rollouts
 from rlprobe_nb.counterfactuals import edits, positive_control
+from rlprobe_nb.generation import rollouts
+from rlprobe_nb.problems import grading
+from rlprobe_nb.problems import sources as problem_sources
+from rlprobe_nb.suite import models, params
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +68,7 @@ def test_planted_results_drop_where_planted_and_nowhere_else():
     try:
         P = params.load("demo")
         lm = models.load_model("rlvr_step_1200", P)
-        probs = problems.load_problems("demo", n=24, seed=5, split_name="test")
+        probs = problem_sources.load_problems("demo", n=24, seed=5, split_name="test")
         gold = dict(zip(probs.problem_id, probs.answer))
         answers = rollouts.generate_rollouts(
             lm.model, lm.tokenizer, probs, model_name="rlvr_step_1200", template=P.prompt_template,

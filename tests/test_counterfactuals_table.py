@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-
-from rlprobe_nb import grading, models, params, prompting, storage, suite_tables
-from rlprobe_nb.counterfactuals import table
-
 from tiny_models import tiny_llama
+
+from rlprobe_nb.counterfactuals import table
+from rlprobe_nb.problems import grading
+from rlprobe_nb.suite import models, params, prompting
+from rlprobe_nb.tables import storage, suite_tables
 
 
 @pytest.fixture(scope="module")

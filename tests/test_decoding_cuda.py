@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlprobe_nb import decoding
+from rlprobe_nb.generation import decoding
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 REPO = Path(__file__).resolve().parents[1]

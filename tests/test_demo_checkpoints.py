@@ -6,7 +6,8 @@ from the base model's; a second load gives identical logits."""
 import pytest
 import torch
 
-from rlprobe_nb import demo_problems, models, params, paths, prompting
+from rlprobe_nb.problems import arithmetic
+from rlprobe_nb.suite import models, params, paths, prompting
 
 ADAPTER = paths.shipped_dir("demo") / "adapters" / "rlvr_step_1200"
 
@@ -19,7 +20,7 @@ def demo():
 
 
 def sample_batch(tok):
-    problems = demo_problems.generate_problems("test", 3, seed=0)
+    problems = arithmetic.generate_problems("test", 3, seed=0)
     ids = [prompting.prompt_ids(tok, p["problem"]) for p in problems]
     width = min(len(i) for i in ids)
     return torch.tensor([i[:width] for i in ids])  # equal lengths: no padding to reason about
@@ -38,7 +39,7 @@ def test_adapter_files_are_shipped():
 
 
 def test_checkpoint_loads_offline_and_differs_from_base(demo, monkeypatch):
-    from rlprobe_nb import gguf_cache
+    from rlprobe_nb.suite import gguf_cache
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")

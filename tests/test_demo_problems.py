@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from rlprobe_nb import demo_problems as dp
-from rlprobe_nb.grading import last_boxed
+from rlprobe_nb.problems import arithmetic as dp
+from rlprobe_nb.problems.grading import last_boxed
 
 FIELDS = {"problem", "solution", "answer", "subject", "level", "unique_id"}
 

@@ -1,14 +1,19 @@
-"""divergence.token_metrics against textbook float64 formulas on the same fp32 logits."""
+"""metrics.token_metrics against textbook float64 formulas on the same fp32 logits."""
 
 import math
 
 import pytest
 import torch
 
-from rlprobe_nb import divergence
-from rlprobe_nb.divergence import LN2, reference_metrics_f64, relative_error, token_metrics
+from rlprobe_nb.forcing import metrics
+from rlprobe_nb.forcing.metrics import (
+    LN2,
+    reference_metrics_f64,
+    relative_error,
+    token_metrics,
+)
 
-ALL_ROW = divergence.FLOAT_METRICS + divergence.INT_METRICS
+ALL_ROW = metrics.FLOAT_METRICS + metrics.INT_METRICS
 # fp32 per-entry terms carry ~1e-7 relative error, so a divergence is exact to about
 # 1e-7 * sum_v p|d| nats absolute: below ~0.03 nats "1e-5 relative" means 3e-7 absolute.
 DIVERGENCE_FLOOR = {"kl_ckpt_ref": 0.03, "kl_ref_ckpt": 0.03, "js": 0.03}
@@ -50,7 +55,7 @@ def test_topk_matches_full_sort_and_probabilities():
     x = torch.zeros(3, 5003)
     x[:, -1] = 5.0
     x[:, 0] = 4.0
-    vals, ids = divergence.topk_logits(x, 2)
+    vals, ids = metrics.topk_logits(x, 2)
     assert ids[:, 0].eq(5002).all() and ids[:, 1].eq(0).all()
 
 
@@ -92,7 +97,7 @@ def test_ranges_hold_at_the_extremes():
     for name, (a, b) in cases.items():
         raw = token_metrics(a, b, t, topk=0, clamp=False)
         out = token_metrics(a, b, t, topk=0)
-        for key in divergence.FLOAT_METRICS:
+        for key in metrics.FLOAT_METRICS:
             if key != "k3":  # k3 = expm1(log r) - log r overflows to +inf for log r > 88.7
                 assert torch.isfinite(out[key]).all(), (name, key)
         assert (out["kl_ckpt_ref"] >= 0).all() and (out["kl_ref_ckpt"] >= 0).all()

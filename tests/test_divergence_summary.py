@@ -10,14 +10,16 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
-
-from rlprobe_nb import divergence_charts as charts
-from rlprobe_nb import divergence_summary as ds
-from rlprobe_nb import entropy_concentration as ec
-from rlprobe_nb import estimator_lab as el
-from rlprobe_nb import token_categories as tc
-from rlprobe_nb import paths, storage, views
 from synthetic_tokens import pair_metrics, synthetic_tokens
+
+from rlprobe_nb import views
+from rlprobe_nb.divergence import charts
+from rlprobe_nb.divergence import entropy_concentration as ec
+from rlprobe_nb.divergence import estimator_lab as el
+from rlprobe_nb.divergence import summary as ds
+from rlprobe_nb.divergence import token_categories as tc
+from rlprobe_nb.suite import paths
+from rlprobe_nb.tables import storage
 
 METRICS = list(ds.METRICS)
 

@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from rlprobe_nb import filtering, schemas, storage
+from rlprobe_nb.problems import filtering
+from rlprobe_nb.tables import schemas, storage
 
 RULE = dict(ref_max_pass=0.5, target_min_pass=0.5, control_ref_min_pass=0.5,
             control_target_max_pass=0.5)

@@ -9,16 +9,19 @@ import pandas as pd
 import pytest
 import torch
 
-from rlprobe_nb import divergence, forcing, prompting, schemas, storage
-from rlprobe_nb.divergence import relative_error
-from rlprobe_nb.tiny import tiny_llama, tiny_rollouts, tiny_tokenizer
+from rlprobe_nb import forcing
+from rlprobe_nb.demo.tiny import tiny_llama, tiny_rollouts, tiny_tokenizer
+from rlprobe_nb.forcing import metrics
+from rlprobe_nb.forcing.metrics import relative_error
+from rlprobe_nb.suite import prompting
+from rlprobe_nb.tables import schemas, storage
 
-METRICS = divergence.FLOAT_METRICS + divergence.INT_METRICS
+METRICS = metrics.FLOAT_METRICS + metrics.INT_METRICS
 # fp32 logits carry ~1e-6 absolute rounding at |logit| ~ 17 and the per-entry terms are
 # fp32: values are exact to a few 1e-7 nats absolute, so values below 0.03 nats are held
 # to 3e-7 absolute instead of 1e-5 relative; k1 (a difference of two rounded logits of the
 # forced token) to 3e-6 absolute below 0.3. Ranks are exact.
-FLOOR = {**{name: 0.03 for name in divergence.FLOAT_METRICS}, "k1": 0.3}
+FLOOR = {**{name: 0.03 for name in metrics.FLOAT_METRICS}, "k1": 0.3}
 KW = dict(suite="t", chunk_positions=24, topk=5, device="cpu", compile=False, progress=False)
 
 
@@ -48,7 +51,7 @@ def reference(world):
     tok, _, _, seqs, P, Q = world
     lp, lq = _ref_rows(P, seqs), _ref_rows(Q, seqs)
     targets = torch.tensor([t for s in seqs.sequences for t in s.response_ids])
-    return lp, lq, targets, divergence.reference_metrics_f64(lp, lq, targets)
+    return lp, lq, targets, metrics.reference_metrics_f64(lp, lq, targets)
 
 
 def _run(seqs, ckpt, ref, out, **kw):
@@ -98,7 +101,7 @@ def test_fp32_body_matches_float64_math_on_its_own_hidden_states(world, referenc
     h = [forcing.HiddenCache(tmp_path / n).rows(seqs.sequences).double() for n in ("hP", "hQ")]
     logits = [h[0] @ P.lm_head.weight.double().t(), h[1] @ Q.lm_head.weight.double().t()]
     targets = torch.tensor([t for s in seqs.sequences for t in s.response_ids])
-    want = divergence.reference_metrics_f64(torch.log_softmax(logits[0], -1),
+    want = metrics.reference_metrics_f64(torch.log_softmax(logits[0], -1),
                                             torch.log_softmax(logits[1], -1), targets,
                                             logits[0], logits[1])
     # fp32 logits from an fp32 matmul: ~2-4e-6 absolute at |logit| ~ 17, depending on the

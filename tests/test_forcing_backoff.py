@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from rlprobe_nb import forcing, storage
-from rlprobe_nb.tiny import tiny_llama, tiny_rollouts, tiny_tokenizer
+from rlprobe_nb import forcing
+from rlprobe_nb.demo.tiny import tiny_llama, tiny_rollouts, tiny_tokenizer
+from rlprobe_nb.tables import storage
 
 KW = dict(suite="t", chunk_positions=16, topk=3, device="cpu", compile=False, progress=False)
 

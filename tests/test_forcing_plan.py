@@ -4,7 +4,8 @@ keeps (issue 15: groups, stratified max_rollouts)."""
 import pandas as pd
 import pytest
 
-from rlprobe_nb import forcing_plan, params
+from rlprobe_nb.forcing import plan as forcing_plan
+from rlprobe_nb.suite import params
 
 
 def rollouts():

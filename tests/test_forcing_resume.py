@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from rlprobe_nb import storage
+from rlprobe_nb.tables import storage
 
 CHILD = textwrap.dedent("""
     import sys, time
     import torch
-    from rlprobe_nb import forcing, storage
-    from rlprobe_nb.tiny import tiny_llama, tiny_rollouts, tiny_tokenizer
+    from rlprobe_nb import forcing
+    from rlprobe_nb.tables import storage
+    from rlprobe_nb.demo.tiny import tiny_llama, tiny_rollouts, tiny_tokenizer
     out, slow = sys.argv[1], float(sys.argv[2])
     torch.set_num_threads(1)
     if slow:  # make each shard take a while so the parent can kill us mid-run

@@ -18,13 +18,13 @@ import pytest
 
 CHECKS = textwrap.dedent('''
     import json, math, torch
-    from rlprobe_nb import divergence, fused_metrics
-    from rlprobe_nb.divergence import reference_metrics_f64, relative_error, token_metrics
+    from rlprobe_nb.forcing import fused_metrics, metrics
+    from rlprobe_nb.forcing.metrics import reference_metrics_f64, relative_error, token_metrics
     assert fused_metrics.INTERPRETED
     FLOOR = {"kl_ckpt_ref": 0.03, "kl_ref_ckpt": 0.03, "js": 0.03}
-    ROW = divergence.FLOAT_METRICS + divergence.INT_METRICS
-    fused = divergence.fused_row_fn
-    small_blocks = lambda *a: divergence.fused_row_fn(*a, block=512)
+    ROW = metrics.FLOAT_METRICS + metrics.INT_METRICS
+    fused = metrics.fused_row_fn
+    small_blocks = lambda *a: metrics.fused_row_fn(*a, block=512)
     out = {}
 
     def pair(n, v, scale, noise, seed):
@@ -41,7 +41,7 @@ CHECKS = textwrap.dedent('''
         out[f"f64 {scale}/{noise}"] = {m: relative_error(got[m], want[m], FLOOR.get(m, 1e-12)).max().item()
                                       for m in ROW}
         out[f"eager {scale}/{noise}"] = {m: (got[m].double() - eager[m].double()).abs().max().item()
-                                        for m in ROW + divergence.TOPK_METRICS}
+                                        for m in ROW + metrics.TOPK_METRICS}
         out[f"median kl {scale}/{noise}"] = want["kl_ckpt_ref"].median().item()
 
     a, b, t = pair(8, 1000, 3.0, 0.5, 2)
@@ -84,7 +84,7 @@ CHECKS = textwrap.dedent('''
                         bool(torch.isinf(one["kl_ref_ckpt"]).all()),
                         bool(torch.isfinite(one["js"]).all())]
     # the engine's own check before it trusts the kernel on a device (all outputs, top-k too)
-    out["self_check"] = divergence._fused_ok(torch.device("cpu"))
+    out["self_check"] = metrics._fused_ok(torch.device("cpu"))
     print(json.dumps(out))
 ''')
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlprobe_nb import fused_projections
+from rlprobe_nb.generation import fused_projections
 
 
 def _model(bias: bool = False):

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from rlprobe_nb import gguf_cache, prompting
+from rlprobe_nb.suite import gguf_cache, prompting
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_second_conversion_reuses_cache(converted):
 
 def test_converted_folder_honours_the_umask(converted):
     """mkdtemp makes 0700 folders; a converted model is shared like any other folder."""
-    from rlprobe_nb import storage
+    from rlprobe_nb.tables import storage
 
     _, _, folder, _, _ = converted
     assert folder.stat().st_mode & 0o777 == storage.DIR_MODE

@@ -14,8 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from rlprobe_nb import grading
-from rlprobe_nb.grading import extract_boxed, gold_answer, grade, grade_many, grader_info
+from rlprobe_nb.problems import grading
+from rlprobe_nb.problems.grading import (
+    extract_boxed,
+    gold_answer,
+    grade,
+    grade_many,
+    grader_info,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,7 +110,7 @@ def test_model_text_is_never_executed(tmp_path, monkeypatch):
 def test_eval_guard_refuses_text_but_parses_numbers():
     # The guard the workers install: sympy's string evaluation refuses, digits still parse.
     code = (
-        "from rlprobe_nb.grading import _install_guards, TextEvaluationRefused\n"
+        "from rlprobe_nb.problems.grading import _install_guards, TextEvaluationRefused\n"
         "_install_guards()\n"
         "import sympy\n"
         "assert sympy.Number('14') == 14 and float(sympy.Number('0.5')) == 0.5\n"
@@ -170,7 +176,7 @@ def test_bad_arguments_fail_clearly():
 
 def test_grader_info_names_versions():
     info = grader_info()
-    assert info["math_verify"] and info["name"].startswith("rlprobe_nb.grading")
+    assert info["math_verify"] and info["name"].startswith("rlprobe_nb.problems.grading")
     # Downstream caches key on the version: verdicts changed in version 2 (issue #9).
     assert info["version"] == grading.GRADER_VERSION == "2"
 
@@ -198,7 +204,7 @@ def test_tripped_guard_is_reported_as_refused_not_wrong():
     # A guard installed without the warm-up trips inside simplify (sympy's lazy import);
     # math-verify swallows the exception, and the grade must still say "refused".
     code = (
-        "from rlprobe_nb.grading import _grade_one, _install_guards, _watch_math_verify_log\n"
+        "from rlprobe_nb.problems.grading import _grade_one, _install_guards, _watch_math_verify_log\n"
         "_watch_math_verify_log()\n"
         "_install_guards()\n"
         "print(_grade_one('(x+1)^2', 'x^2+2x+1'))\n"
@@ -210,7 +216,7 @@ def test_errors_math_verify_swallows_are_not_reported_as_its_verdict():
     # parse() and verify() turn any exception into "no parse" / False; the grade names it.
     code = (
         "import math_verify.grader as g, math_verify.parser as p\n"
-        "from rlprobe_nb.grading import _grade_one, _watch_math_verify_log\n"
+        "from rlprobe_nb.problems.grading import _grade_one, _watch_math_verify_log\n"
         "_watch_math_verify_log()\n"
         "def boom(*a, **k): raise ZeroDivisionError\n"
         "g.sympy_expr_eq = boom\n"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rlprobe_nb import grading
+from rlprobe_nb.problems import grading
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 20261126

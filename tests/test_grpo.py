@@ -5,8 +5,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlprobe_nb import grpo
-from rlprobe_nb.tiny import tiny_llama, tiny_tokenizer
+from rlprobe_nb.demo import grpo
+from rlprobe_nb.demo.tiny import tiny_llama, tiny_tokenizer
 
 
 def test_group_advantages():

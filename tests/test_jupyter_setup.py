@@ -16,7 +16,6 @@ from pathlib import Path
 import jupytext
 import pytest
 import yaml
-
 from lab_server import PROJECT_CONFIG, REPO, lab_server
 
 CHAPTER = "notebooks/01_filtering.py"

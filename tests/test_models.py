@@ -8,7 +8,7 @@ import torch
 import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlprobe_nb import models, params, paths
+from rlprobe_nb.suite import models, params, paths
 
 
 @pytest.fixture(scope="module")

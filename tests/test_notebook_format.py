@@ -9,7 +9,7 @@ import jupytext
 import nbformat
 import pytest
 
-from rlprobe_nb import paths
+from rlprobe_nb.suite import paths
 
 SOURCES = sorted(paths.notebooks_dir().glob("*.py"))
 
@@ -70,4 +70,4 @@ def test_one_parameters_cell_of_plain_literals(source):
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
 def test_no_relative_data_paths(source):
     text = source.read_text()
-    assert "../data" not in text and "../figures" not in text, "paths come from rlprobe_nb.paths"
+    assert "../data" not in text and "../figures" not in text, "paths come from rlprobe_nb.suite.paths"

@@ -10,7 +10,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from rlprobe_nb import forcing_plan, params, paths, storage
+from rlprobe_nb.forcing import plan as forcing_plan
+from rlprobe_nb.suite import params, paths
+from rlprobe_nb.tables import storage
 
 NB = paths.notebooks_dir()
 PAPERMILL = [sys.executable, "-m", "papermill", "--no-progress-bar"]
@@ -132,7 +134,7 @@ def test_chapter_08_branches_prints_its_cost_first_and_writes_a_keyed_table(smal
     assert (figures / "08_takeover.svg").exists() and (figures / "08_takeover.png").exists()
     monkeypatch.setenv("RLPROBE_OUT", small_book["env"]["RLPROBE_OUT"])
     monkeypatch.setenv("RLPROBE_PARAMS", small_book["env"]["RLPROBE_PARAMS"])
-    from rlprobe_nb import suite_tables
+    from rlprobe_nb.tables import suite_tables
     assert len(suite_tables.read_derived(params.load("demo"), "branches")) == len(branches)
 
 

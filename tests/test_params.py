@@ -6,7 +6,7 @@ import shutil
 import pytest
 import yaml
 
-from rlprobe_nb import params, paths
+from rlprobe_nb.suite import params, paths
 
 
 @pytest.fixture()

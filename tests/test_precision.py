@@ -7,7 +7,10 @@ chunk sizes. Ranks and top-k ids must not move."""
 import pandas as pd
 import pytest
 
-from rlprobe_nb import forcing, models, params, paths, precision, problems
+from rlprobe_nb import forcing
+from rlprobe_nb.forcing import precision
+from rlprobe_nb.problems import sources as problem_sources
+from rlprobe_nb.suite import models, params, paths
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 # Measured on 544 tokens of 6 demo rollouts (benchmarks/precision_demo.py): at most
@@ -22,7 +25,7 @@ def measured():
     # three real responses of the demo's reference, forced as text
     rows = pd.read_parquet(paths.shipped_dir("demo") / "run" / "eval_rows.parquet")
     rows = rows[(rows.model == "dpo") & (rows["sample"] == 0)].head(3)
-    probs = problems.load_problems("demo", n=300, seed=0, split_name="test")
+    probs = problem_sources.load_problems("demo", n=300, seed=0, split_name="test")
     probs = probs[probs.problem_id.isin(rows.problem_id)]
     rollouts = rows.assign(rollout_id=rows.problem_id + "#0", token_method="text")
     seqs = forcing.build_sequences(rollouts, probs, ref.tokenizer, P.prompt_template,

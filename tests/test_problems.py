@@ -11,8 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rlprobe_nb import grading, problems, schemas, storage
-from rlprobe_nb.problems import ProblemsError
+from rlprobe_nb.problems import grading
+from rlprobe_nb.problems import sources as problem_sources
+from rlprobe_nb.problems.sources import ProblemsError
+from rlprobe_nb.tables import schemas, storage
 
 DATA = Path(__file__).parent / "data"
 PRIOR = DATA / "prior_small"
@@ -26,7 +28,7 @@ def _stop_workers():
 
 
 def test_jsonl_file_in_math_schema():
-    df = problems.from_file(DATA / "math_small.jsonl")
+    df = problem_sources.from_file(DATA / "math_small.jsonl")
     assert list(df.columns) == schemas.PROBLEMS.names
     by = df.set_index("problem_id")
     assert by.loc["test/algebra/11.json", "answer"] == r"\frac{14}{3}"  # nested braces kept
@@ -37,50 +39,50 @@ def test_jsonl_file_in_math_schema():
 
 
 def test_parquet_and_json_files_give_the_same_table(tmp_path):
-    jsonl = problems.from_file(DATA / "math_small.jsonl")
-    records = problems.read_records(DATA / "math_small.jsonl")
+    jsonl = problem_sources.from_file(DATA / "math_small.jsonl")
+    records = problem_sources.read_records(DATA / "math_small.jsonl")
     raw = pd.DataFrame(records).astype({"level": str})  # MATH mixes "Level 1" and 3
     raw.to_parquet(tmp_path / "p.parquet")
-    pq = problems.from_file(tmp_path / "p.parquet")
+    pq = problem_sources.from_file(tmp_path / "p.parquet")
     pd.testing.assert_frame_equal(jsonl.drop(columns="source"), pq.drop(columns="source"))
 
 
 def test_filters_levels_subjects_limit_in_id_order():
-    df = problems.load_problems("file", path=DATA / "math_small.jsonl", levels=[2, 3])
+    df = problem_sources.load_problems("file", path=DATA / "math_small.jsonl", levels=[2, 3])
     assert sorted(df["level"]) == [2, 3, 3]
     assert list(df["problem_id"]) == sorted(df["problem_id"])
-    df = problems.load_problems("file", path=DATA / "math_small.jsonl", subjects=["Algebra"],
+    df = problem_sources.load_problems("file", path=DATA / "math_small.jsonl", subjects=["Algebra"],
                                 limit=1)
     assert list(df["problem_id"]) == ["test/algebra/11.json"]
     with pytest.raises(ProblemsError, match="unknown subjects"):
-        problems.load_problems("file", path=DATA / "math_small.jsonl", subjects=["Algebre"])
+        problem_sources.load_problems("file", path=DATA / "math_small.jsonl", subjects=["Algebre"])
     with pytest.raises(ProblemsError, match="no problems left"):
-        problems.load_problems("file", path=DATA / "math_small.jsonl", levels=[5])
+        problem_sources.load_problems("file", path=DATA / "math_small.jsonl", levels=[5])
 
 
 def test_duplicate_ids_are_an_error():
     with pytest.raises(ProblemsError, match="duplicate problem ids.*dup/1"):
-        problems.from_file(DATA / "math_duplicate_ids.jsonl")
+        problem_sources.from_file(DATA / "math_duplicate_ids.jsonl")
 
 
 def test_missing_problem_id_is_a_clear_error():
-    df = problems.from_file(DATA / "math_small.jsonl")
-    assert problems.get_problem(df, "test/algebra/12.json")["answer"] == "32"
+    df = problem_sources.from_file(DATA / "math_small.jsonl")
+    assert problem_sources.get_problem(df, "test/algebra/12.json")["answer"] == "32"
     with pytest.raises(KeyError, match="not in the problems table"):
-        problems.get_problem(df, "test/algebra/99.json")
+        problem_sources.get_problem(df, "test/algebra/99.json")
 
 
 def test_missing_file_and_bad_source():
     with pytest.raises(ProblemsError, match="does not exist"):
-        problems.from_file(DATA / "nope.jsonl")
+        problem_sources.from_file(DATA / "nope.jsonl")
     with pytest.raises(ProblemsError, match="unknown problems.source"):
-        problems.load_problems("web")
+        problem_sources.load_problems("web")
 
 
 def test_demo_source_calls_the_generator():
-    from rlprobe_nb.demo_problems import generate_problems
+    from rlprobe_nb.problems.arithmetic import generate_problems
 
-    df = problems.load_problems("demo", n=6, seed=0, split_name="test")
+    df = problem_sources.load_problems("demo", n=6, seed=0, split_name="test")
     raw = generate_problems("test", 6, 0)
     assert set(df["problem_id"]) == {r["unique_id"] for r in raw}
     assert (df["source"] == "demo:test").all()
@@ -89,9 +91,9 @@ def test_demo_source_calls_the_generator():
 
 
 def test_hub_fails_fast_offline():
-    code = ("import time\nfrom rlprobe_nb import problems\nt = time.time()\n"
-            "try:\n    problems.from_hub('HuggingFaceH4/MATH-500', None, 'test')\n"
-            "except problems.ProblemsError as e:\n    print('ERR', round(time.time() - t, 1), e)\n")
+    code = ("import time\nfrom rlprobe_nb.problems import sources as problem_sources\nt = time.time()\n"
+            "try:\n    problem_sources.from_hub('HuggingFaceH4/MATH-500', None, 'test')\n"
+            "except problem_sources.ProblemsError as e:\n    print('ERR', round(time.time() - t, 1), e)\n")
     for env in ({"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "https://hub.invalid"}):
         t = time.monotonic()
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -102,9 +104,9 @@ def test_hub_fails_fast_offline():
 
 
 def test_prior_import_is_regraded_and_disagreements_listed():
-    probs = problems.load_problems("prior", path=PRIOR / "filtered_problems.json")
-    dpo = problems.read_prior_responses(PRIOR / "dpo_responses.json")
-    answers, dis = problems.regrade_prior(dpo, probs, "dpo", timeout_s=10)
+    probs = problem_sources.load_problems("prior", path=PRIOR / "filtered_problems.json")
+    dpo = problem_sources.read_prior_responses(PRIOR / "dpo_responses.json")
+    answers, dis = problem_sources.regrade_prior(dpo, probs, "dpo", timeout_s=10)
     storage.to_arrow(answers, schemas.ANSWERS)
     got = answers.set_index("problem_id")["correct"].to_dict()
     assert got == {"test/algebra/1.json": True, "test/prealgebra/2.json": False,
@@ -114,15 +116,15 @@ def test_prior_import_is_regraded_and_disagreements_listed():
     row = dis.set_index("problem_id").loc["test/algebra/1.json"]
     assert row["stored_ground_truth"] == r"\frac{14" and row["gold"] == r"\frac{14}{3}"
 
-    rlvr = problems.read_prior_responses(PRIOR / "rlvr_responses.json")
-    answers, dis = problems.regrade_prior(rlvr, probs, "rlvr", timeout_s=10)
+    rlvr = problem_sources.read_prior_responses(PRIOR / "rlvr_responses.json")
+    answers, dis = problem_sources.regrade_prior(rlvr, probs, "rlvr", timeout_s=10)
     # no box in the geometry answer: wrong under our policy, stored as right
     assert set(dis["problem_id"]) == {"test/algebra/1.json", "test/geometry/4.json"}
     assert dis.set_index("problem_id").loc["test/geometry/4.json", "grade_method"] == "no_box"
 
 
 def test_prior_import_naming_unknown_problems_fails():
-    probs = problems.from_file(DATA / "math_small.jsonl")
-    dpo = problems.read_prior_responses(PRIOR / "dpo_responses.json")
+    probs = problem_sources.from_file(DATA / "math_small.jsonl")
+    dpo = problem_sources.read_prior_responses(PRIOR / "dpo_responses.json")
     with pytest.raises(ProblemsError, match="missing from the problems table"):
-        problems.regrade_prior(dpo, probs, "dpo")
+        problem_sources.regrade_prior(dpo, probs, "dpo")

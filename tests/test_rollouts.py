@@ -10,8 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rlprobe_nb import grading, params, rollouts, schemas, storage
-from rlprobe_nb.prompting import prompt_ids
+from rlprobe_nb.generation import rollouts
+from rlprobe_nb.problems import grading
+from rlprobe_nb.suite import params
+from rlprobe_nb.suite.prompting import prompt_ids
+from rlprobe_nb.tables import schemas, storage
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = params.load("demo").prompt_template
@@ -33,7 +36,8 @@ SCRIPT = """
 import json, sys
 import pandas as pd
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from rlprobe_nb import grading, rollouts
+from rlprobe_nb.generation import rollouts
+from rlprobe_nb.problems import grading
 folder, seed, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 model = AutoModelForCausalLM.from_pretrained(folder).eval()
 tok = AutoTokenizer.from_pretrained(folder)
@@ -138,7 +142,7 @@ def test_sharded_run_resumes_without_recomputing(tmp_path):
 
 
 def test_a_compiled_decode_step_changes_the_sampling_keys():
-    from rlprobe_nb import suite_keys
+    from rlprobe_nb.tables import suite_keys
 
     def sampling_keys(P):
         return suite_keys.answers(P, "problems-sha"), suite_keys.rollouts(P, "sel", "problems-sha")
@@ -151,7 +155,8 @@ def test_a_compiled_decode_step_changes_the_sampling_keys():
 
 def test_compiling_allows_every_compilation_and_never_falls_back_silently():
     import torch._dynamo
-    from rlprobe_nb import decoding
+
+    from rlprobe_nb.generation import decoding
     before = torch._dynamo.config.recompile_limit, torch._dynamo.config.fail_on_recompile_limit_hit
     with decoding._compiling(True):
         assert torch._dynamo.config.recompile_limit >= 64

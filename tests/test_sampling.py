@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from rlprobe_nb import sampling
+from rlprobe_nb.generation import sampling
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = [0, 1, 7, 2 ** 40 + 3, 2 ** 63 - 1, 123456789, 42, 99]
@@ -57,7 +57,7 @@ def test_pruned_and_full_draw_the_same():
 
 SCRIPT = """
 import json, torch
-from rlprobe_nb import sampling
+from rlprobe_nb.generation import sampling
 g = torch.Generator().manual_seed(0)
 logits = torch.randn(8, 49152, generator=g) * 3
 seeds = json.loads('SEEDS'); temps = json.loads('TEMPS')

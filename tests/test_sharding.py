@@ -23,13 +23,18 @@ import pandas as pd
 import pytest
 import torch
 
-from rlprobe_nb import (distributed, forcing, forcing_plan, grading, models, params, problems,
-                        rollouts, schemas, storage, suite_keys)
+from rlprobe_nb import distributed, forcing
+from rlprobe_nb.forcing import plan as forcing_plan
+from rlprobe_nb.generation import rollouts
+from rlprobe_nb.problems import grading
+from rlprobe_nb.problems import sources as problem_sources
+from rlprobe_nb.suite import models, params
+from rlprobe_nb.tables import schemas, storage, suite_keys
 
 DEVICE = os.environ.get("RLPROBE_TEST_DEVICE", "cpu")
 CHECKPOINT = "rlvr_step_1200"
 N_PROBLEMS, N_SAMPLES = 4, 4
-OVERRIDES = {"runtime.device": DEVICE, "runtime.dtype": "float32", "problems.n": N_PROBLEMS,
+OVERRIDES = {"runtime.device": DEVICE, "runtime.dtype": "float32", "problem_sources.n": N_PROBLEMS,
              "rollouts.n_per_problem": N_SAMPLES, "rollouts.max_new_tokens": 16,
              "rollouts.batch_size": N_SAMPLES,  # a problem's samples decoded together
              "forcing.batch_tokens": 256}  # 2 or 3 sequences a batch: 6 batches
@@ -66,7 +71,7 @@ def demo():
     P = params.load("demo", CHECKPOINT, overrides=OVERRIDES)
     models.load_tokenizer(P.reference, P)  # converting the GGUF (once per cache) is set-up
     S = P.problems
-    todo = problems.load_problems(S.source, n=S.n, seed=S.seed, split_name=S.split_name)
+    todo = problem_sources.load_problems(S.source, n=S.n, seed=S.seed, split_name=S.split_name)
     assert len(todo) == N_PROBLEMS
     return SimpleNamespace(P=P, problems=todo)
 
@@ -211,7 +216,7 @@ def test_several_checkpoints_are_spread_over_the_workers(tmp_path, monkeypatch):
     coordinator, for the checkpoints' common sequences; each checkpoint whose table is not
     complete forced exactly once, by one of the 2 workers; complete ones skipped. (The
     forcing itself is stubbed: the tests above cover it.)"""
-    from rlprobe_nb import forcing_plan
+    from rlprobe_nb.forcing import plan as forcing_plan
 
     P = params.load("demo", "rlvr_step_1200")
     names = ["rlvr_step_100", "rlvr_step_200", "rlvr_step_400", "rlvr_step_800"]

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from rlprobe_nb.divergence import token_metrics
+from rlprobe_nb.forcing.metrics import token_metrics
 from rlprobe_nb.spikes import simulate, statistic
 
 

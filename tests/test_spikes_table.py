@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlprobe_nb import schemas, storage
 from rlprobe_nb.spikes import detect, regions, simulate, table
+from rlprobe_nb.tables import schemas, storage
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from rlprobe_nb import gguf_cache, paths, storage
-
 from test_notebooks import outputs, papermill
+
+from rlprobe_nb.suite import gguf_cache, paths
+from rlprobe_nb.tables import storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 LOADS = "Loading weights"
@@ -140,7 +140,7 @@ def test_the_grader_version_is_part_of_the_key(suite, tmp_path):
     """A newer grader (simulated by a sitecustomize that bumps GRADER_VERSION in the kernel)
     makes the answers table stale."""
     (tmp_path / "sitecustomize.py").write_text(
-        "import rlprobe_nb.grading as g\ng.GRADER_VERSION = 'newer'\n")
+        "import rlprobe_nb.problems.grading as g\ng.GRADER_VERSION = 'newer'\n")
     env = {**suite["env"], "PYTHONPATH": os.pathsep.join(
         [str(tmp_path), suite["env"].get("PYTHONPATH", "")]).strip(os.pathsep)}
     ok, text = run(suite, "01_filtering", env=env)

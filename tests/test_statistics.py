@@ -5,8 +5,14 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from rlprobe_nb.statistics import (clopper_pearson_ci, cluster_bootstrap_ci, mcnemar_exact,
-                                   rate_table, seed_from, wilson_ci)
+from rlprobe_nb.statistics import (
+    clopper_pearson_ci,
+    cluster_bootstrap_ci,
+    mcnemar_exact,
+    rate_table,
+    seed_from,
+    wilson_ci,
+)
 
 
 def wilson_closed_form(k, n, z=1.959963984540054):

@@ -4,7 +4,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from rlprobe_nb import storage
+from rlprobe_nb.tables import storage
 
 SCHEMA = pa.schema([("id", pa.string()), ("x", pa.float32()), ("ids", pa.list_(pa.int32()))])
 

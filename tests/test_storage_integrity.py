@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 
-from rlprobe_nb import storage
+from rlprobe_nb.tables import storage
 
 SCHEMA = pa.schema([("id", pa.string()), ("x", pa.float32())])
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def test_cache_of_another_model_is_refused_with_the_difference(tmp_path):
 WRITER = textwrap.dedent("""
     import os, sys, time
     import pandas as pd, pyarrow as pa
-    from rlprobe_nb import storage
+    from rlprobe_nb.tables import storage
     os.umask(0o022)
     schema = pa.schema([("id", pa.string())])
     table = storage.ShardedTable(sys.argv[1], schema)

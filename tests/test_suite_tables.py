@@ -6,7 +6,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from rlprobe_nb import params, storage, suite_tables
+from rlprobe_nb.suite import params
+from rlprobe_nb.tables import storage, suite_tables
 
 
 def test_nothing_forced_names_the_missing_runs(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlprobe_nb import token_categories as tc
+from rlprobe_nb.divergence import token_categories as tc
 
 DATA = Path(__file__).parent / "data" / "labelled_tokens.jsonl"
 EOS = "<|im_end|>"

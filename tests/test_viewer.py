@@ -6,11 +6,11 @@ import re
 
 import numpy as np
 import pytest
-
-from rlprobe_nb import viewer as V
-from rlprobe_nb.render import shared_scale, synthetic
-from rlprobe_nb.render.metrics import metric_values
 from test_render import Spans
+
+from rlprobe_nb.render import shared_scale, synthetic
+from rlprobe_nb.render import viewer as V
+from rlprobe_nb.render.metrics import metric_values
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlprobe_nb import models, params
+from rlprobe_nb.suite import models, params
 
 
 def tiny_llama():

@@ -19,5 +19,15 @@ continuations are graded:
     charts            takeover curves with spikes marked; forest plot by category
 """
 
-from . import branching, charts, continuations, edits, intervals, passes, positive_control  # noqa: F401
-from . import plan, table, takeover  # noqa: F401
+from rlprobe_nb.counterfactuals import (  # noqa: F401  # noqa: F401
+    branching,
+    charts,
+    continuations,
+    edits,
+    intervals,
+    passes,
+    plan,
+    positive_control,
+    table,
+    takeover,
+)

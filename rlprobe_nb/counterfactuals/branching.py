@@ -32,8 +32,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..statistics import cluster_bootstrap_ci, seed_from
-from .intervals import cluster_bootstrap_difference, newcombe_ci
+from rlprobe_nb.counterfactuals.intervals import (
+    cluster_bootstrap_difference,
+    newcombe_ci,
+)
+from rlprobe_nb.statistics import cluster_bootstrap_ci, seed_from
 
 MATCH_LEVELS = ("same_rollout", "same_problem", "other_problem")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .takeover import curve_points
+from rlprobe_nb.counterfactuals.takeover import curve_points
 
 KIND_COLOURS = {"spike": "#c0392b", "departure": "#d35400", "control": "#7f8c8d"}
 ESTIMATE_COLOURS = {"spike": "#c0392b", "departure": "#d35400", "control": "#7f8c8d",

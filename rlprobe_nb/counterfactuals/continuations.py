@@ -29,9 +29,9 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ..progress import tqdm
-from ..rollouts import PerRowSampler, eos_ids
-from ..statistics import seed_from
+from rlprobe_nb.generation.rollouts import PerRowSampler, eos_ids
+from rlprobe_nb.progress import tqdm
+from rlprobe_nb.statistics import seed_from
 
 
 def _cache_keyword() -> str:

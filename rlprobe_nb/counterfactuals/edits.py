@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..forcing.spans import token_spans
+from rlprobe_nb.forcing.spans import token_spans
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..statistics import wilson_ci
+from rlprobe_nb.statistics import wilson_ci
 
 
 @functools.lru_cache(maxsize=65536)  # curves and simulations ask for the same counts often

@@ -17,9 +17,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .. import grading
-from ..statistics import wilson_ci
-from .continuations import Context, branch_response, continuation_seed, continue_contexts
+from rlprobe_nb.counterfactuals.continuations import (
+    Context,
+    branch_response,
+    continuation_seed,
+    continue_contexts,
+)
+from rlprobe_nb.problems import grading
+from rlprobe_nb.statistics import wilson_ci
 
 ARMS = ("prefix", "keep", "substitute")
 PLAN_COLUMNS = ["rollout_id", "problem_id", "kind", "pos", "arm", "substituted_id"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .branching import branch_arms
-from .takeover import body_length, even_grid
+from rlprobe_nb.counterfactuals.branching import branch_arms
+from rlprobe_nb.counterfactuals.takeover import body_length, even_grid
 
 COLUMNS = ["model", "rollout_id", "problem_id", "kind", "pos", "arm", "substituted_id",
            "written_id", "category", "matched_pos", "spike_rollout_id", "match", "entropy_ref"]

@@ -19,9 +19,9 @@ import time
 
 import pandas as pd
 
-from .edits import after_answer_edit, apply, result_edit
-from .passes import pass_counts
-from .takeover import body_length, locate_drop
+from rlprobe_nb.counterfactuals.edits import after_answer_edit, apply, result_edit
+from rlprobe_nb.counterfactuals.passes import pass_counts
+from rlprobe_nb.counterfactuals.takeover import body_length, locate_drop
 
 
 class CurveSampler:

@@ -26,9 +26,11 @@ from typing import Callable
 
 import pandas as pd
 
-from .. import distributed, keys, models, paths, schemas, storage, suite_keys, suite_tables
-from ..params import Params
-from .passes import pass_counts, with_prefix_len
+from rlprobe_nb import distributed
+from rlprobe_nb.counterfactuals.passes import pass_counts, with_prefix_len
+from rlprobe_nb.suite import models, paths
+from rlprobe_nb.suite.params import Params
+from rlprobe_nb.tables import keys, schemas, storage, suite_keys, suite_tables
 
 VERSION = 1  # bump when the code changes the rows it writes
 UNIQUE = ["model", "rollout_id", "kind", "pos", "arm"]

@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .intervals import newcombe_ci
+from rlprobe_nb.counterfactuals.intervals import newcombe_ci
 
 
 def grid(n_tokens: int, step: int) -> list[int]:

@@ -79,7 +79,7 @@ def tiny_rollouts(tokenizer, n_problems: int = 6, per_problem: int = 3, seed: in
     ``text_rollouts`` rows are text-only (token_method "text", multi-byte characters)."""
     import pandas as pd
 
-    from . import prompting
+    from rlprobe_nb.suite import prompting
 
     gen = torch.Generator().manual_seed(seed)
     problems = {f"p{i:02d}": f"What is {i} + {2 * i}?" for i in range(n_problems)}

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import paths, statistics, storage
+from rlprobe_nb import statistics
+from rlprobe_nb.suite import paths
+from rlprobe_nb.tables import storage
 
 SUITE = "demo"
 
@@ -64,7 +66,8 @@ def ship_run(run_dir: str | Path, extra: dict | None = None,
     """Copy a finished run (adapters, log, graded evaluation) into data/demo/shipped/
     (or into ``dest_root``, e.g. for a reproduction that must not overwrite the record).
     Returns the folder that ``load_recorded_run`` reads."""
-    from . import grading, provenance
+    from rlprobe_nb.problems import grading
+    from rlprobe_nb.tables import provenance
 
     run_dir = Path(run_dir)
     root = Path(dest_root) if dest_root is not None else paths.shipped_dir(SUITE)

@@ -10,7 +10,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from .token_categories import CATEGORIES
+from rlprobe_nb.divergence.token_categories import CATEGORIES
 
 LABELS = {
     "kl_ref_ckpt": ["KL(ref‖ckpt), nats: how surprised the checkpoint",

@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .statistics import seed_from
+from rlprobe_nb.statistics import seed_from
 
 N_BOOT = 999
 # Below this many problems the bootstrap-t is unstable (a replicate that draws one problem

@@ -34,8 +34,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import clustered
-from .divergence_summary import KEYS, SHARE, analysed_rows, bounds_of
+from rlprobe_nb.divergence import clustered
+from rlprobe_nb.divergence.summary import KEYS, SHARE, analysed_rows, bounds_of
 
 
 def entropy_deciles(tokens: pd.DataFrame) -> pd.Series:

@@ -43,9 +43,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import clustered
-from .divergence_summary import KEYS, analysed_rows
-from .entropy_concentration import _topk_matrix
+from rlprobe_nb.divergence import clustered
+from rlprobe_nb.divergence.entropy_concentration import _topk_matrix
+from rlprobe_nb.divergence.summary import KEYS, analysed_rows
 
 ESTIMATORS = ("k1", "k2", "k3")
 TARGETS = ("kl_ref_ckpt", "kl_ckpt_ref")

@@ -27,8 +27,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from . import clustered, paths, provenance, schemas
-from .statistics import seed_from
+from rlprobe_nb.divergence import clustered
+from rlprobe_nb.statistics import seed_from
+from rlprobe_nb.suite import paths
+from rlprobe_nb.tables import provenance, schemas
 
 METRICS = ("kl_ref_ckpt", "kl_ckpt_ref", "js", "dlogp")
 KEYS = ["step", "checkpoint"]
@@ -312,7 +314,7 @@ def write_aggregates(P, tables: dict, seed: int, extra: dict | None = None,
     data/<suite>/<name>/ with its schema and one manifest (the suite's parameters, the
     bootstrap seed and ``extra``, e.g. what the token tables were), keyed on the token
     tables it was computed from and ``settings``. Returns the folders."""
-    from . import suite_tables
+    from rlprobe_nb.tables import suite_tables
 
     manifest = provenance.manifest(P, seeds={"bootstrap": seed, "n_boot": clustered.N_BOOT},
                                    extra=extra)

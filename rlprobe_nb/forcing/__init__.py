@@ -36,18 +36,48 @@ empty response, a side whose cache does not exist or lacks rollouts, a prompt th
 match the one the rollout was sampled from, a table or cache computed from other inputs.
 """
 
-from .batching import Batch, batch_inputs, plan_batches
-from .body import compile_layers, decoder_of, forward_hidden, layers_compiled, model_context
-from .engine import (Share, Side, compare_cached, forward_to_cache, hidden_dir, pair_dir, pending,
-                     run_checkpoint, run_pair, table_key)
-from .heads import (METRIC_COLUMNS, PADDED_MASS_TOLERANCE, LMHead, check_padded_mass, head_logits,
-                    head_method, lm_head_of, pair_metrics)
-from .hidden_cache import HiddenCache
-from .sequences import (CONTEXT_POLICIES, TOKEN_METHODS, ForcedSequence, SequenceSet,
-                        build_sequences, make_sequence)
-from .spans import token_spans
-from .token_table import UNIQUE, rows_table
-from .transfer import DeviceCopy, HostCopy, host_slices
+from rlprobe_nb.forcing.batching import Batch, batch_inputs, plan_batches
+from rlprobe_nb.forcing.body import (
+    compile_layers,
+    decoder_of,
+    forward_hidden,
+    layers_compiled,
+    model_context,
+)
+from rlprobe_nb.forcing.engine import (
+    Share,
+    Side,
+    compare_cached,
+    forward_to_cache,
+    hidden_dir,
+    pair_dir,
+    pending,
+    run_checkpoint,
+    run_pair,
+    table_key,
+)
+from rlprobe_nb.forcing.heads import (
+    METRIC_COLUMNS,
+    PADDED_MASS_TOLERANCE,
+    LMHead,
+    check_padded_mass,
+    head_logits,
+    head_method,
+    lm_head_of,
+    pair_metrics,
+)
+from rlprobe_nb.forcing.hidden_cache import HiddenCache
+from rlprobe_nb.forcing.sequences import (
+    CONTEXT_POLICIES,
+    TOKEN_METHODS,
+    ForcedSequence,
+    SequenceSet,
+    build_sequences,
+    make_sequence,
+)
+from rlprobe_nb.forcing.spans import token_spans
+from rlprobe_nb.forcing.token_table import UNIQUE, rows_table
+from rlprobe_nb.forcing.transfer import DeviceCopy, HostCopy, host_slices
 
 __all__ = [
     "Batch", "batch_inputs", "plan_batches", "compile_layers", "decoder_of", "forward_hidden",

@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from .sequences import ForcedSequence, SequenceSet
+from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
 
 
 @dataclass

@@ -38,16 +38,29 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ..progress import tqdm
 
-from .. import divergence, keys, paths, schemas, storage, tokenizers
-from .batching import Batch, batch_inputs, plan_batches
-from .body import compile_layers, forward_hidden, layers_compiled, model_context
-from .heads import LMHead, check_padded_mass, head_method, lm_head_of, pair_metrics
-from .hidden_cache import HiddenCache
-from .sequences import ForcedSequence, SequenceSet
-from .token_table import UNIQUE, covered_rollouts, rows_table
-from .transfer import DeviceCopy, HostCopy
+from rlprobe_nb.forcing import metrics
+from rlprobe_nb.forcing.batching import Batch, batch_inputs, plan_batches
+from rlprobe_nb.forcing.body import (
+    compile_layers,
+    forward_hidden,
+    layers_compiled,
+    model_context,
+)
+from rlprobe_nb.forcing.heads import (
+    LMHead,
+    check_padded_mass,
+    head_method,
+    lm_head_of,
+    pair_metrics,
+)
+from rlprobe_nb.forcing.hidden_cache import HiddenCache
+from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
+from rlprobe_nb.forcing.token_table import UNIQUE, covered_rollouts, rows_table
+from rlprobe_nb.forcing.transfer import DeviceCopy, HostCopy
+from rlprobe_nb.progress import tqdm
+from rlprobe_nb.suite import paths, tokenizers
+from rlprobe_nb.tables import keys, schemas, storage
 
 
 @dataclass
@@ -213,7 +226,7 @@ class _PairRun:
                     for s, c in zip(self.sides, self.caches)]
         self.heads = [p[0] for p in prepared]
         self.side_facts = [p[1] for p in prepared]
-        self.row_fn = (divergence.compiled_row_fn(self.device)
+        self.row_fn = (metrics.compiled_row_fn(self.device)
                        if self.compile in (None, True) else None)
         self.compiled_layers = (self.device.type == "cuda" if self.compile_body is None
                                 else bool(self.compile_body))
@@ -384,7 +397,7 @@ class _PairRun:
         facts = {
             **self.seqs.facts(), "chunk_positions": self.chunk_positions, "topk": self.topk,
             "max_sequences": self.max_sequences, "device": self.device.type,
-            "metric_kernel": divergence.row_fn_kind(self.row_fn),
+            "metric_kernel": metrics.row_fn_kind(self.row_fn),
             "compiled_layers": self.compiled_layers, "compiled_layers_used": bool(self.compiled),
             "sides": [{**f, "head": h.facts()} for f, h in zip(self.side_facts, self.heads)],
             "head_matmul": head_method(torch.empty(1, 1, dtype=self.heads[0].weight.dtype,

@@ -1,5 +1,5 @@
 """LM heads applied with float32 output, chunk by chunk, and every metric of a pair of
-hidden-state blocks (divergence.token_metrics does the math).
+hidden-state blocks (metrics.token_metrics does the math).
 
 The head is restricted to the tokenizer's vocabulary when the model has padded extra
 rows; bf16 weights on CUDA use torch.mm(..., out_dtype=float32) (fp32 accumulation, no
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import divergence
+from rlprobe_nb.forcing import metrics
 
 
 @dataclass
@@ -177,27 +177,27 @@ def pair_metrics(h_p: torch.Tensor, h_q: torch.Tensor, head_p: LMHead, head_q: L
     if head_p.vocab_size >= 2 ** 24:
         raise ValueError("vocabulary too large for the packed float32 result")
     n = h_p.shape[0]
-    width = len(divergence.FLOAT_METRICS) + 2 + 4 * topk
+    width = len(metrics.FLOAT_METRICS) + 2 + 4 * topk
     out = torch.empty((n, width), dtype=torch.float32, device=h_p.device)
     with torch.inference_mode():
         for s in range(0, n, chunk_positions):
             e = min(n, s + chunk_positions)
             lp = head_logits(h_p[s:e], head_p)
             lq = head_logits(h_q[s:e], head_q)
-            m = divergence.token_metrics(lp, lq, targets[s:e], topk, row_fn=row_fn)
+            m = metrics.token_metrics(lp, lq, targets[s:e], topk, row_fn=row_fn)
             del lp, lq
             col = 0
-            for name in divergence.FLOAT_METRICS:
+            for name in metrics.FLOAT_METRICS:
                 out[s:e, col] = m[name]
                 col += 1
-            for name in divergence.INT_METRICS:
+            for name in metrics.INT_METRICS:
                 out[s:e, col] = m[name].float()
                 col += 1
             if topk:
-                for name in divergence.TOPK_METRICS:
+                for name in metrics.TOPK_METRICS:
                     out[s:e, col:col + topk] = m[name].float()
                     col += topk
     return out
 
 
-METRIC_COLUMNS = divergence.FLOAT_METRICS + divergence.INT_METRICS
+METRIC_COLUMNS = metrics.FLOAT_METRICS + metrics.INT_METRICS

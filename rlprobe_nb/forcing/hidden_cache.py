@@ -28,11 +28,11 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .. import keys, storage
-from .batching import Batch
-from .heads import LMHead
-from .sequences import ForcedSequence, SequenceSet
-from .transfer import host_slices
+from rlprobe_nb.forcing.batching import Batch
+from rlprobe_nb.forcing.heads import LMHead
+from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
+from rlprobe_nb.forcing.transfer import host_slices
+from rlprobe_nb.tables import keys, storage
 
 _DATA_RE = re.compile(r"(?P<stem>h-[0-9a-f]+|head)\.(?P<sha>[0-9a-f]{16})\.safetensors\Z")
 

@@ -147,7 +147,7 @@ def fused_row_fn(logits_p: torch.Tensor, logits_q: torch.Tensor, token_ids: torc
                  clamp: bool = True, block: int | None = None) -> tuple[torch.Tensor, ...]:
     """``_row_metrics`` with the vocabulary reductions in one Triton kernel (CUDA; the
     tests run it in Triton's CPU interpreter)."""
-    from . import fused_metrics
+    from rlprobe_nb.forcing import fused_metrics
     r = fused_metrics.row_reductions(logits_p, logits_q, token_ids,
                                      block=block or fused_metrics.BLOCK)
     idx = token_ids.view(-1, 1)

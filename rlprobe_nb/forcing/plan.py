@@ -26,8 +26,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import distributed, forcing, models, params, provenance, storage, suite_keys
-from .params import Params
+from rlprobe_nb import distributed, forcing
+from rlprobe_nb.suite import models, params
+from rlprobe_nb.suite.params import Params
+from rlprobe_nb.tables import provenance, storage, suite_keys
 
 GROUPS = ("target", "ref_right", "control")
 

@@ -22,12 +22,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from . import divergence, forcing, storage
+from rlprobe_nb import forcing
+from rlprobe_nb.forcing import metrics
+from rlprobe_nb.tables import storage
 
-METRICS = divergence.FLOAT_METRICS + divergence.INT_METRICS
+METRICS = metrics.FLOAT_METRICS + metrics.INT_METRICS
 # Values below these are compared in absolute terms: a KL of 1e-9 has no meaningful 6th
 # significant digit when its inputs are float32 (log r ~ k1 is a difference of two logits).
-FLOORS = {**{m: 0.03 for m in divergence.FLOAT_METRICS}, "k1": 0.3, "k2": 0.3, "k3": 0.3}
+FLOORS = {**{m: 0.03 for m in metrics.FLOAT_METRICS}, "k1": 0.3, "k2": 0.3, "k3": 0.3}
 KW = dict(suite="precision", topk=5, device="cpu", compile=False, progress=False)
 
 
@@ -39,7 +41,7 @@ def _errors(got: pd.DataFrame, want: dict, label: str) -> list[dict]:
     rows = []
     for name in METRICS:
         w = torch.as_tensor(want[name]).double()
-        err = divergence.relative_error(torch.tensor(got[name].to_numpy()), w,
+        err = metrics.relative_error(torch.tensor(got[name].to_numpy()), w,
                                         FLOORS.get(name, 1e-12))
         rows.append({"comparison": label, "metric": name, "max_error": float(err.max())})
     return rows
@@ -82,9 +84,9 @@ def measure(seqs: forcing.SequenceSet, ckpt, ref, sizes=((4096, 256), (97, 7))) 
                   for n in ("hc0", "hr0")]
     heads = [m.get_output_embeddings().weight.double() for m in (ckpt, ref)]
     same_states = [torch.log_softmax(h @ w.t(), -1) for h, w in zip(hidden, heads)]
-    rows = _errors(in_seq, divergence.reference_metrics_f64(*same_states, targets), "math")
+    rows = _errors(in_seq, metrics.reference_metrics_f64(*same_states, targets), "math")
     forward = _f64_rows([ckpt, ref], seqs)
-    rows += _errors(in_seq, divergence.reference_metrics_f64(*forward, targets), "row")
+    rows += _errors(in_seq, metrics.reference_metrics_f64(*forward, targets), "row")
     for (batch, chunk), other in zip(sizes[1:], tables[1:]):
         rows += _errors(other, {m: torch.tensor(base[m].to_numpy()) for m in METRICS},
                         f"batch {batch}, chunk {chunk}")

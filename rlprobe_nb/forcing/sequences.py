@@ -20,11 +20,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from ..progress import tqdm
 
-from .. import prompting, storage, tokenizers
-from .spans import token_spans
-
+from rlprobe_nb.forcing.spans import token_spans
+from rlprobe_nb.progress import tqdm
+from rlprobe_nb.suite import prompting, tokenizers
+from rlprobe_nb.tables import storage
 
 TOKEN_METHODS = ("generated", "text")
 LABELS = ("group", "failure_type", "temperature", "finish_reason")

@@ -9,14 +9,15 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .. import divergence, schemas
-from .heads import METRIC_COLUMNS
-from .sequences import ForcedSequence
+from rlprobe_nb.forcing import metrics
+from rlprobe_nb.forcing.heads import METRIC_COLUMNS
+from rlprobe_nb.forcing.sequences import ForcedSequence
+from rlprobe_nb.tables import schemas
 
 
 def _check_finite(members: Sequence[ForcedSequence], host: np.ndarray) -> None:
     lengths = [s.n_rows for s in members]
-    finite_cols = [j for j, name in enumerate(divergence.FLOAT_METRICS) if name != "k3"]
+    finite_cols = [j for j, name in enumerate(metrics.FLOAT_METRICS) if name != "k3"]
     bad = (~np.isfinite(host[:, finite_cols]).all(axis=1)
            | np.isnan(host[:, :len(METRIC_COLUMNS)]).any(axis=1))
     if bad.any():
@@ -72,11 +73,11 @@ def rows_table(members: Sequence[ForcedSequence], host: np.ndarray, suite: str,
     }
     for j, name in enumerate(METRIC_COLUMNS):
         col = host[:, j]
-        cols[name] = col.astype(np.int32) if name in divergence.INT_METRICS else col.astype(np.float32)
+        cols[name] = col.astype(np.int32) if name in metrics.INT_METRICS else col.astype(np.float32)
     cols["dlogp"] = -cols["k1"]  # k1 = -(logp_ckpt - logp_ref), rounded once: negation is exact
     base = len(METRIC_COLUMNS)
     offsets = pa.array(np.arange(0, (n + 1) * topk, topk, dtype=np.int32))
-    for j, name in enumerate(divergence.TOPK_METRICS):
+    for j, name in enumerate(metrics.TOPK_METRICS):
         block = host[:, base + j * topk: base + (j + 1) * topk]
         block = block.astype(np.int32 if "ids" in name else np.float32).reshape(-1)
         cols[name] = pa.ListArray.from_arrays(offsets, pa.array(block))

@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-
 _COPY_STREAMS: dict[int, Any] = {}
 
 

@@ -59,8 +59,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import fused_projections, sampling
-from .slot_cache import SlotCache, slot_attention
+from rlprobe_nb.generation import fused_projections, sampling
+from rlprobe_nb.generation.slot_cache import SlotCache, slot_attention
 
 SLOT_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
 SPAN_STEP = 64  # attention spans and buffer lengths are multiples of this

@@ -23,10 +23,13 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
-from . import decoding, distributed, grading, sampling, schemas, storage
-from .progress import tqdm
-from .prompting import prompt_ids
-from .statistics import seed_from
+from rlprobe_nb import distributed
+from rlprobe_nb.generation import decoding, sampling
+from rlprobe_nb.problems import grading
+from rlprobe_nb.progress import tqdm
+from rlprobe_nb.statistics import seed_from
+from rlprobe_nb.suite.prompting import prompt_ids
+from rlprobe_nb.tables import schemas, storage
 
 ANSWER_COLUMNS = schemas.ANSWERS.names
 

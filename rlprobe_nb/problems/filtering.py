@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import schemas
-from .statistics import mcnemar_exact, wilson_ci
+from rlprobe_nb.statistics import mcnemar_exact, wilson_ci
+from rlprobe_nb.tables import schemas
 
 
 def pass_rates(answers: pd.DataFrame) -> pd.DataFrame:

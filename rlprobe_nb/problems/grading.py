@@ -68,7 +68,7 @@ GRADER_VERSION = "2"  # 2: benign verdicts no longer broken by the guard; refuse
 MAX_ANSWER_CHARS = 2000
 MAX_BOX_DEPTH = 20  # brace nesting inside the last box; MATH answers stay below ~8, and
 #                     math-verify already needs seconds to parse 20 nested plain braces
-GRADER_NAME = "rlprobe_nb.grading (math-verify, LaTeX extraction only, last box)"
+GRADER_NAME = "rlprobe_nb.problems.grading (math-verify, LaTeX extraction only, last box)"
 
 # Methods a Grade can carry, for tables and docs.
 METHODS = (
@@ -345,8 +345,7 @@ def _worker_stdio() -> None:
         out.flush()
 
 
-from .grading_pool import GraderPool, _pool, shutdown  # noqa: E402,F401 (the parent side)
-
+from rlprobe_nb.problems.grading_pool import GraderPool, _pool, shutdown  # noqa: E402,F401 (the parent side)
 
 # --------------------------------------------------------------------------- public API
 

@@ -29,9 +29,9 @@ class _Worker:
     def __init__(self):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")] if p)
+            p for p in [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")] if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from rlprobe_nb.grading import _worker_stdio; _worker_stdio()"],
+            [sys.executable, "-c", "from rlprobe_nb.problems.grading import _worker_stdio; _worker_stdio()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=env, text=True, bufsize=1)
         self.started = time.monotonic()

@@ -24,8 +24,9 @@ from urllib.parse import urlparse
 
 import pandas as pd
 
-from . import grading, schemas
-from .prompting import prompt_ids, special_token_texts, text_ids
+from rlprobe_nb.problems import grading
+from rlprobe_nb.suite.prompting import prompt_ids, special_token_texts, text_ids
+from rlprobe_nb.tables import schemas
 
 COLUMNS = schemas.PROBLEMS.names
 
@@ -99,7 +100,7 @@ def check_unique(df: pd.DataFrame, what: str) -> None:
 
 
 def from_demo(split: str, n: int, seed: int) -> pd.DataFrame:
-    from .demo_problems import generate_problems
+    from rlprobe_nb.problems.arithmetic import generate_problems
 
     return to_frame(generate_problems(split, n, seed), f"demo:{split}")
 

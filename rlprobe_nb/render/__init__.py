@@ -2,9 +2,14 @@
 coloured tokens with tooltips, small charts, and the case-study page. Everything renders to
 self-contained HTML (inline CSS and SVG, no script, no network)."""
 
-from .colour_scale import ColourScale, fit_scale, fixed_scale, shared_scale
-from .metrics import DEFAULT_METRIC, METRICS, metric_values
-from .tokens_html import make_decoder, response_html
+from rlprobe_nb.render.colour_scale import (
+           ColourScale,
+           fit_scale,
+           fixed_scale,
+           shared_scale,
+)
+from rlprobe_nb.render.metrics import DEFAULT_METRIC, METRICS, metric_values
+from rlprobe_nb.render.tokens_html import make_decoder, response_html
 
 __all__ = ["ColourScale", "fit_scale", "fixed_scale", "shared_scale", "DEFAULT_METRIC", "METRICS", "metric_values",
            "make_decoder", "response_html"]

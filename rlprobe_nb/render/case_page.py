@@ -19,14 +19,21 @@ from typing import TYPE_CHECKING, Mapping
 
 import pandas as pd
 
-from .charts import kl_trace_chart, svg
-from .colour_scale import ColourScale
-from .metrics import metric_values
-from .spike_marks import field, spike_records
-from .tokens_html import STYLE, Decoder, make_decoder, paint, prepare, show_token
+from rlprobe_nb.render.charts import kl_trace_chart, svg
+from rlprobe_nb.render.colour_scale import ColourScale
+from rlprobe_nb.render.metrics import metric_values
+from rlprobe_nb.render.spike_marks import field, spike_records
+from rlprobe_nb.render.tokens_html import (
+    STYLE,
+    Decoder,
+    make_decoder,
+    paint,
+    prepare,
+    show_token,
+)
 
 if TYPE_CHECKING:
-    from ..case_studies import Case
+    from rlprobe_nb.render.case_studies import Case
 
 PAGE_STYLE = """<style>
 body{font-family:sans-serif;max-width:1000px;margin:16px auto;padding:0 12px;color:#111}

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .render.metrics import metric_values
-from .render.spike_marks import ever_spiked, significant
+from rlprobe_nb.render.metrics import metric_values
+from rlprobe_nb.render.spike_marks import ever_spiked, significant
 
 
 @dataclass(frozen=True)

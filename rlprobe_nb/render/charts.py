@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .metrics import metric
+from rlprobe_nb.render.metrics import metric
 
 KL_WORDS = {
     "kl_ref_ckpt": "KL(ref‖ckpt): checkpoint surprised by the reference's text",

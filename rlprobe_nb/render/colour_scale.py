@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .metrics import metric, metric_values
+from rlprobe_nb.render.metrics import metric, metric_values
 
 DIVERGING = ["#b2182b", "#d6604d", "#f4a582", "#fddbc7", "#f7f7f7",
              "#d1e5f0", "#92c5de", "#4393c3", "#2166ac"]

@@ -23,9 +23,9 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from .colour_scale import ColourScale
-from .metrics import metric_values
-from .spike_marks import spike_records
+from rlprobe_nb.render.colour_scale import ColourScale
+from rlprobe_nb.render.metrics import metric_values
+from rlprobe_nb.render.spike_marks import spike_records
 
 STYLE = """<style>
 .rp-resp{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono",monospace;

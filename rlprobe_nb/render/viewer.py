@@ -26,11 +26,19 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from .render.charts import series_chart, svg
-from .render.colour_scale import ColourScale, fit_scale, shared_scale
-from .render.metrics import DEFAULT_METRIC, METRICS, metric_values
-from .render.spike_marks import spike_records
-from .render.tokens_html import STYLE, Decoder, TokenPieces, make_decoder, paint, prepare, show_token
+from rlprobe_nb.render.charts import series_chart, svg
+from rlprobe_nb.render.colour_scale import ColourScale, fit_scale, shared_scale
+from rlprobe_nb.render.metrics import DEFAULT_METRIC, METRICS, metric_values
+from rlprobe_nb.render.spike_marks import spike_records
+from rlprobe_nb.render.tokens_html import (
+    STYLE,
+    Decoder,
+    TokenPieces,
+    make_decoder,
+    paint,
+    prepare,
+    show_token,
+)
 
 ALL = "(all)"
 Q_CHOICES = [0.001, 0.01, 0.05, 0.1]

@@ -14,4 +14,4 @@ comparable tokens do, found with a calibrated test, signed, and followed across 
   simulate       synthetic tables with planted spikes (calibration and power checks)
 """
 
-from .detector import detect, spike_rates, summary  # noqa: F401
+from rlprobe_nb.spikes.detector import detect, spike_rates, summary  # noqa: F401

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import multiplicity, null as null_model, statistic
+from rlprobe_nb.spikes import multiplicity, statistic
+from rlprobe_nb.spikes import null as null_model
 
 # The columns a test row carries from the token table when present.
 CARRIED = ("suite", "checkpoint", "step", "reference", "group", "failure_type", "problem_id",
@@ -110,7 +111,7 @@ def spike_rates(tests: pd.DataFrame, by: str = "group", seed: int = 0) -> pd.Dat
     contexts of one problem share a prompt and a prefix, so they are not independent).
     A context shared by rollouts of two groups (the prompt-only first token) counts in
     each."""
-    from ..statistics import cluster_bootstrap_ci, seed_from
+    from rlprobe_nb.statistics import cluster_bootstrap_ci, seed_from
 
     per_ctx = tests.groupby(["checkpoint", by, "context_id"], sort=False).agg(
         step=("step", "first"), problem_id=("problem_id", "first"),

@@ -72,10 +72,9 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from ..statistics import seed_from
-from .conditional import ConditionalNull, FittedComponent
-from .tail import TailModel
-
+from rlprobe_nb.spikes.conditional import ConditionalNull, FittedComponent
+from rlprobe_nb.spikes.tail import TailModel
+from rlprobe_nb.statistics import seed_from
 
 CONTEXT_COVARIATES = ("log_entropy_ref", "log_top_gap", "log_collision")
 WRITTEN_COVARIATES = ("log_entropy_ref", "logp_ref")

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..divergence import token_metrics
-from ..statistics import seed_from
+from rlprobe_nb.forcing.metrics import token_metrics
+from rlprobe_nb.statistics import seed_from
 
 KINDS = ("rejects", "endorses", "redistributes")
 

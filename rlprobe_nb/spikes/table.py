@@ -14,8 +14,8 @@ from typing import Mapping
 
 import pandas as pd
 
-from .. import views
-from . import across_steps, regions, statistic
+from rlprobe_nb import views
+from rlprobe_nb.spikes import across_steps, regions, statistic
 
 CONTEXT_WIDTH = 12  # tokens either side in ``context``
 
@@ -64,7 +64,7 @@ def to_schema(rows: pd.DataFrame, schema_name: str = "spikes",
     """``rows`` with exactly the columns of ``schemas.SPIKES`` (or SPIKE_REGIONS for
     schema_name="spike_regions"), in order; a column the rows lack is null (e.g. group
     in a table that has no groups)."""
-    from ..schemas import TABLES
+    from rlprobe_nb.tables.schemas import TABLES
 
     schema = TABLES[schema_name]
     out = rows.copy()

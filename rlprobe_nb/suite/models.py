@@ -21,10 +21,10 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from . import paths
-from .params import Params, ParamsError
-from .provenance import sha256_file
-from .tokenizers import check_same_tokenizer, tokenizer_identity  # noqa: F401 (re-exported)
+from rlprobe_nb.suite import paths
+from rlprobe_nb.suite.params import Params, ParamsError
+from rlprobe_nb.suite.tokenizers import check_same_tokenizer, tokenizer_identity  # noqa: F401 (re-exported)
+from rlprobe_nb.tables.provenance import sha256_file
 
 
 class ModelLoadError(RuntimeError):
@@ -174,7 +174,7 @@ def _load(name: str, P: Params, device: str, dtype) -> tuple[Any, Any, dict]:
         model, tok = _from_pretrained(str(folder), dtype, device, local_files_only=True)
         prov.update(path=str(folder))
     elif kind == "gguf":
-        from . import gguf_cache
+        from rlprobe_nb.suite import gguf_cache
 
         path = gguf_file(spec)
         converted = gguf_cache.convert_gguf(path, paths.cache_dir() / "models")
@@ -228,7 +228,7 @@ def load_tokenizer(name: str, P: Params):
     if kind == "local":
         source = str(paths.resolve(spec["path"]))
     else:
-        from . import gguf_cache
+        from rlprobe_nb.suite import gguf_cache
 
         source = str(gguf_cache.convert_gguf(gguf_file(spec), paths.cache_dir() / "models"))
     return _finish_tokenizer(AutoTokenizer.from_pretrained(source, local_files_only=True))
@@ -248,7 +248,7 @@ def model_context(name: str, P: Params) -> int | None:
         if kind == "local":
             source = paths.resolve(spec["path"])
         else:
-            from . import gguf_cache
+            from rlprobe_nb.suite import gguf_cache
             source = gguf_cache.convert_gguf(gguf_file(spec), paths.cache_dir() / "models")
         cfg = AutoConfig.from_pretrained(str(source), local_files_only=True)
     return getattr(cfg, "max_position_embeddings", None)

@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 import yaml
 
-from . import paths
-from .prompting import DEFAULT_TEMPLATE
+from rlprobe_nb.suite import paths
+from rlprobe_nb.suite.prompting import DEFAULT_TEMPLATE
 
 DEFAULT_SUITE = "demo"
 SUITE_FILE = "suite.yaml"

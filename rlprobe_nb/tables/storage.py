@@ -11,7 +11,7 @@ Standard readers work on the folder as it is (``pd.read_parquet(folder)``,
 
 The manifest is written last, so a folder without one is unfinished and never read as a
 result. It records the table's *key* (everything its content depends on, see
-``rlprobe_nb.keys``), the parts with their row counts and checksums, and the columns that
+``rlprobe_nb.tables.keys``), the parts with their row counts and checksums, and the columns that
 identify a row. ``read_table`` verifies all of it before returning a row: the parts on
 disk are exactly the listed ones, each has its rows and its checksum, and no row appears
 twice. A failed check names the file and refuses (DamagedTableError).
@@ -38,10 +38,19 @@ import pyarrow.parquet as pq
 
 # Atomic files, locks and tensor files are their own modules; tables use all three, and
 # callers reach them through here too.
-from .atomic import (DIR_MODE, FILE_MODE, DamagedTableError, atomic_path,  # noqa: F401
-                     atomic_write_json, atomic_write_text, fingerprint, read_json, sha256_of)
-from .locks import LOCK_FILE, TableBusyError, acquire_lock, writer_lock  # noqa: F401
-from .tensor_files import read_tensors, write_tensors  # noqa: F401
+from rlprobe_nb.tables.atomic import (
+    DIR_MODE,
+    FILE_MODE,
+    DamagedTableError,
+    atomic_path,
+    atomic_write_json,
+    atomic_write_text,
+    fingerprint,
+    read_json,
+    sha256_of,
+)
+from rlprobe_nb.tables.locks import LOCK_FILE, TableBusyError, acquire_lock, writer_lock  # noqa: F401
+from rlprobe_nb.tables.tensor_files import read_tensors, write_tensors  # noqa: F401
 
 MANIFEST = "_manifest.json"
 RUN_FILE = "_run.json"
@@ -134,7 +143,7 @@ def write_table(folder: str | os.PathLike, df: pd.DataFrame, schema: pa.Schema,
 
 def _write_manifest(folder: Path, manifest: dict, key: dict | None,
                     unique: list[str] | None, part_keys: list[str]) -> None:
-    from .keys import key_sha
+    from rlprobe_nb.tables.keys import key_sha
 
     parts = _part_entries(folder, part_keys)
     atomic_write_json(folder / MANIFEST, {
@@ -233,7 +242,7 @@ def read_table(folder: str | os.PathLike, schema: pa.Schema | None = None,
 
 
 def check_key(folder: Path, man: dict, expect_key: dict) -> None:
-    from .keys import describe_difference, key_sha
+    from rlprobe_nb.tables.keys import describe_difference, key_sha
 
     if man.get("key_sha") != key_sha(expect_key):
         producer = man.get("producer") or "the notebook that writes it"
@@ -247,7 +256,7 @@ def plan_reuse(folder: str | os.PathLike, key: dict, overwrite: bool = False) ->
     """Before any expensive work: True when the table is complete with this key (reuse
     it); False when it must be computed (missing, unfinished with this key, or
     ``overwrite``); StaleTableError naming the differences when it holds another key."""
-    from .keys import describe_difference, key_sha
+    from rlprobe_nb.tables.keys import describe_difference, key_sha
 
     folder = Path(folder)
     for name in (MANIFEST, RUN_FILE):
@@ -288,7 +297,7 @@ class ShardedTable:
         self._release = None
 
     def begin(self, key: dict | str, overwrite: bool = False, what: str = "") -> bool:
-        from .keys import describe_difference, key_sha
+        from rlprobe_nb.tables.keys import describe_difference, key_sha
 
         key = key if isinstance(key, dict) else {"fingerprint": key}
         self.key = key
@@ -357,7 +366,7 @@ def run_shards(table: ShardedTable, jobs: list[tuple[str, Any]], manifest, progr
     """The generic resumable loop: run ``jobs`` ([(shard key, fn -> DataFrame)]) of a begun
     table, skipping finished shards, then write the manifest (``manifest``: a dict, or a
     function returning one once the shards exist). Returns the keys computed this time."""
-    from .progress import tqdm
+    from rlprobe_nb.progress import tqdm
 
     try:
         done = table.done()
@@ -375,7 +384,7 @@ def write_derived(folder: str | os.PathLike, df: pd.DataFrame, schema: pa.Schema
     """A small table computed cheaply from its inputs (problems, selection, imported
     rollouts): kept as it is when a complete, intact copy has the same key, rewritten
     otherwise. Returns True when it wrote (downstream tables keyed on it then go stale)."""
-    from .keys import key_sha
+    from rlprobe_nb.tables.keys import key_sha
 
     folder = Path(folder)
     if is_complete(folder) and read_json(folder / MANIFEST).get("key_sha") == key_sha(key):

@@ -22,8 +22,9 @@ from typing import Callable
 
 import pandas as pd
 
-from . import keys, models, params, paths, storage
-from .provenance import sha256_file
+from rlprobe_nb.suite import models, params, paths
+from rlprobe_nb.tables import keys, storage
+from rlprobe_nb.tables.provenance import sha256_file
 
 PRODUCERS = {
     "problems": "notebooks/01_filtering", "answers": "notebooks/01_filtering",
@@ -45,7 +46,7 @@ def _version(pkg: str) -> str | None:
 
 def grader(P: params.Params) -> dict:
     """What verdicts depend on: the grader's own version, math-verify's, the timeout."""
-    from . import grading
+    from rlprobe_nb.problems import grading
     return {"version": getattr(grading, "GRADER_VERSION", "1"),
             "math_verify": _version("math-verify"),
             "latex2sympy2_extended": _version("latex2sympy2_extended"),
@@ -60,8 +61,8 @@ def problems(P: params.Params) -> dict:
                                      "is not set")
         src["file_sha256"] = sha256_file(paths.resolve(src.pop("path")))
     elif src["source"] == "demo":
-        from . import demo_problems
-        src["generator"] = demo_problems.GENERATOR_VERSION
+        from rlprobe_nb.problems import arithmetic
+        src["generator"] = arithmetic.GENERATOR_VERSION
     elif src["source"] == "hub":
         src["datasets"] = _version("datasets")
     return keys.stage("problems", source=src)
@@ -172,7 +173,7 @@ def read_current(P: params.Params, table: str) -> tuple[pd.DataFrame, str]:
 def tokens_current(P: params.Params, checkpoint: str, reference: str, where=None) -> str:
     """Check a token table against its current inputs (the rollouts it forced, both
     models, the forcing policy, top-k, the engine's version); returns its key hash."""
-    from . import forcing
+    from rlprobe_nb import forcing
     where = where or forcing.pair_dir(P.suite, checkpoint, reference)
     if not storage.is_complete(where):
         raise FileNotFoundError(f"{where} is missing or unfinished: run {PRODUCERS['tokens']} "

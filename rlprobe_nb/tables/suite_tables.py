@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import forcing, keys, paths, storage, suite_keys
-from .params import Params
+from rlprobe_nb import forcing
+from rlprobe_nb.suite import paths
+from rlprobe_nb.suite.params import Params
+from rlprobe_nb.tables import keys, storage, suite_keys
 
 
 class NothingForcedError(FileNotFoundError):
@@ -56,7 +58,7 @@ def accuracy_table(P: Params) -> pd.DataFrame:
     greedy answers, Wilson interval) where it exists, else what notebook 01 measured for
     the reference and the target (all answers; Wilson). Columns: model, step, rate, low,
     high, n, source."""
-    from . import statistics
+    from rlprobe_nb import statistics
 
     recorded = paths.shipped_dir(P.suite) / "run" / "accuracy.csv"
     if recorded.exists():

@@ -11,8 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from .atomic import FILE_MODE, DamagedTableError, _TempPath
-
+from rlprobe_nb.tables.atomic import FILE_MODE, DamagedTableError, _TempPath
 
 # safetensors dtype names of the tensors the engine caches
 _TENSOR_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64"}

@@ -7,10 +7,10 @@ import os
 import shutil
 
 import pytest
-
 from browser_harness import headless_chromium, pixel_spread, tooltip_visible
-from rlprobe_nb import case_studies as cs
+
 from rlprobe_nb.render import case_page, shared_scale, synthetic
+from rlprobe_nb.render import case_studies as cs
 from rlprobe_nb.render.metrics import metric_values
 from rlprobe_nb.render.tokens_html import show_token
 

@@ -5,15 +5,15 @@ text/html fallback), tooltips included, and the page requests nothing."""
 
 import nbformat
 import pytest
+from browser_harness import headless_chromium, pixel_spread, tooltip_visible
 from nbclient import NotebookClient
 
-from browser_harness import headless_chromium, pixel_spread, tooltip_visible
 from rlprobe_nb import book
 
 pytestmark = pytest.mark.browser
 
 CELLS = [
-    "from rlprobe_nb import viewer\nfrom rlprobe_nb.render import synthetic\n"
+    "from rlprobe_nb.render import synthetic, viewer\n"
     "s = synthetic.synthetic_suite(n_problems=2, rollouts_per_problem=1, n_tokens=30, seed=3)",
     "viewer.open_viewer(s['tokens'], s['spikes'], synthetic.decode,\n"
     "                   dict(zip(s['rollouts'].rollout_id, s['rollouts'].response)))",

@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from browser_harness import headless_chromium, pixel_spread, require_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -22,7 +21,9 @@ COLOURS = f"els => els.map(e => getComputedStyle(e).backgroundColor)"
 def expected_colours(book, monkeypatch) -> tuple[list[str], list[str]]:
     """The viewer's colour of every token of its opening rollout at the last two
     checkpoints, as the package computes it (the same tables and defaults as notebook 07)."""
-    from rlprobe_nb import params, suite_keys, suite_tables, viewer
+    from rlprobe_nb.render import viewer
+    from rlprobe_nb.suite import params
+    from rlprobe_nb.tables import suite_keys, suite_tables
 
     for name in ("RLPROBE_OUT", "RLPROBE_PARAMS"):
         monkeypatch.setenv(name, book["env"][name])

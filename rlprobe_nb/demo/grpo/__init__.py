@@ -8,7 +8,7 @@ algorithm is short enough to read in one sitting, and every line of it is ours t
 * each *round* draws ``prompts_per_step * steps_per_generation`` training problems and
   samples ``group_size`` completions per problem from the current policy (temperature 1,
   no top-k/top-p, so the sampler is the policy whose log-probs we compute);
-* reward = 1 if math-verify (``rlprobe_nb.grading``) judges the last ``\\boxed{}``
+* reward = 1 if math-verify (``rlprobe_nb.problems.grading``) judges the last ``\\boxed{}``
   answer equal to the gold answer *and* that answer is a plain number
   (``demo_problems.is_plain_number``; ``answer_must_be_number``), plus ``format_weight`` (0.1) if the response holds
   exactly one ``\\boxed{}`` and ended with EOS inside the token budget. The format term
@@ -44,15 +44,25 @@ One idea per module:
   evaluation    graded greedy and sampled responses of each adapter
 """
 
-from .advantages import group_advantages, is_correct, rewards
-from .checkpoints import (load_adapter_weights, load_state, lora_state, save_adapter,
-                          save_state)
-from .config import BASE_MODEL_ID, GRPOConfig
-from .evaluation import evaluate, evaluation_models, write_jsonl
-from .generation import generate, left_pad
-from .logprobs import autocast, batch_tensors, chunked_logprobs, completion_logprobs
-from .policy import Sampler, load_policy
-from .training import LOG_COLUMNS, _optimizer_step, train
+from rlprobe_nb.demo.grpo.advantages import group_advantages, is_correct, rewards
+from rlprobe_nb.demo.grpo.checkpoints import (
+    load_adapter_weights,
+    load_state,
+    lora_state,
+    save_adapter,
+    save_state,
+)
+from rlprobe_nb.demo.grpo.config import BASE_MODEL_ID, GRPOConfig
+from rlprobe_nb.demo.grpo.evaluation import evaluate, evaluation_models, write_jsonl
+from rlprobe_nb.demo.grpo.generation import generate, left_pad
+from rlprobe_nb.demo.grpo.logprobs import (
+    autocast,
+    batch_tensors,
+    chunked_logprobs,
+    completion_logprobs,
+)
+from rlprobe_nb.demo.grpo.policy import Sampler, load_policy
+from rlprobe_nb.demo.grpo.training import LOG_COLUMNS, _optimizer_step, train
 
 __all__ = [
     "group_advantages", "is_correct", "rewards", "load_adapter_weights", "load_state",

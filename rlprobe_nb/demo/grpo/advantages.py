@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import demo_problems
+from rlprobe_nb.problems import arithmetic
 
 
 def is_correct(grade, answer_must_be_number: bool = True) -> bool:
     """The demo's verdict: math-verify's, and (by default) the answer is a plain number."""
     return bool(grade.correct) and (not answer_must_be_number
-                                    or demo_problems.is_plain_number(grade.extracted))
+                                    or arithmetic.is_plain_number(grade.extracted))
 
 
 def rewards(tokenizer, completions, stopped, golds, format_weight: float, workers: int,
             answer_must_be_number: bool = True):
-    from .. import grading
+    from rlprobe_nb.problems import grading
 
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
     grades = grading.grade_many(texts, golds, timeout_s=5.0, workers=workers)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .config import BASE_MODEL_ID, GRPOConfig
+from rlprobe_nb.demo.grpo.config import BASE_MODEL_ID, GRPOConfig
 
 
 def lora_state(model) -> dict[str, torch.Tensor]:

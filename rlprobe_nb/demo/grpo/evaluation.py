@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from .. import prompting
-from .advantages import is_correct
-from .checkpoints import load_adapter_weights
-from .generation import generate
+from rlprobe_nb.demo.grpo.advantages import is_correct
+from rlprobe_nb.demo.grpo.checkpoints import load_adapter_weights
+from rlprobe_nb.demo.grpo.generation import generate
+from rlprobe_nb.suite import prompting
 
 
 def evaluate(policy, sampler, tokenizer, problems: list[dict], models: dict, device: str,
@@ -23,9 +23,8 @@ def evaluate(policy, sampler, tokenizer, problems: list[dict], models: dict, dev
     ``models`` maps a name to an adapter folder, or to None for the base model (the
     adapter switched off). Returns one dict per (model, problem, sample).
     """
-    from ..progress import tqdm
-
-    from .. import grading
+    from rlprobe_nb.problems import grading
+    from rlprobe_nb.progress import tqdm
 
     prompts = [prompting.prompt_ids(tokenizer, p["problem"]) for p in problems]
     golds = [p["answer"] for p in problems]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .generation import left_pad
+from rlprobe_nb.demo.grpo.generation import left_pad
 
 
 def autocast(device: str):

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from .config import GRPOConfig
+from rlprobe_nb.demo.grpo.config import GRPOConfig
 
 
 def load_policy(cfg: GRPOConfig, device: str, model=None, tokenizer=None):
     """Base model (fp32 weights) with a fresh LoRA adapter, its tokenizer, and a Sampler."""
     from peft import LoraConfig, get_peft_model
 
-    from .. import gguf_cache
+    from rlprobe_nb.suite import gguf_cache
 
     if model is None:
         model, tokenizer = gguf_cache.demo_model(dtype=torch.float32, device=device)

@@ -13,13 +13,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import demo_problems, prompting
-from .advantages import group_advantages
-from .checkpoints import load_state, save_adapter, save_state
-from .config import GRPOConfig
-from .generation import generate
-from .logprobs import batch_tensors, chunked_logprobs, completion_logprobs
-from .policy import load_policy
+from rlprobe_nb.demo.grpo.advantages import group_advantages
+from rlprobe_nb.demo.grpo.checkpoints import load_state, save_adapter, save_state
+from rlprobe_nb.demo.grpo.config import GRPOConfig
+from rlprobe_nb.demo.grpo.generation import generate
+from rlprobe_nb.demo.grpo.logprobs import (
+    batch_tensors,
+    chunked_logprobs,
+    completion_logprobs,
+)
+from rlprobe_nb.demo.grpo.policy import load_policy
+from rlprobe_nb.problems import arithmetic
+from rlprobe_nb.suite import prompting
 
 LOG_COLUMNS = [
     "step", "round", "reward_mean", "accuracy", "format_rate", "kl_to_start", "loss",
@@ -31,8 +36,8 @@ LOG_COLUMNS = [
 def train(cfg: GRPOConfig, out: str | os.PathLike, device: str = "cuda", workers: int = 8,
           model=None, tokenizer=None, progress: bool = True):
     """Run (or resume) GRPO; writes ``out/train_log.csv``, ``out/adapters/rlvr_step_N``."""
-    from .. import grpo  # the package, see below
-    from ..progress import tqdm
+    from rlprobe_nb.demo import grpo  # the package, see below
+    from rlprobe_nb.progress import tqdm
 
     cfg.validate()
     out = Path(out)
@@ -56,7 +61,7 @@ def train(cfg: GRPOConfig, out: str | os.PathLike, device: str = "cuda", workers
         w.writeheader()
         w.writerows(old_rows)
 
-    pool = demo_problems.generate_problems("train", cfg.train_pool_size, cfg.seed)
+    pool = arithmetic.generate_problems("train", cfg.train_pool_size, cfg.seed)
     prompt_cache: dict[str, list[int]] = {}
     per_round = cfg.prompts_per_step * cfg.steps_per_generation
     bar = tqdm(total=cfg.total_steps, initial=step, disable=not progress, desc="GRPO steps")

@@ -1,0 +1,9 @@
+"""Chapter 04: how much, when and where each checkpoint departs from the reference.
+
+  clustered              intervals for tokens clustered in problems
+  token_categories       what kind of token each row is, read from its place in the text
+  summary                the aggregates: by step, tails, position, category
+  entropy_concentration  does the divergence sit where the reference was unsure?
+  estimator_lab          the sampled-token estimators k1, k2, k3 against the exact KL
+  charts                 the chapter's charts, from aggregated tables
+"""
