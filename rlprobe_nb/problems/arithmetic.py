@@ -4,6 +4,17 @@ Each problem is a dict with MATH's fields: ``problem``, ``solution`` (ending in
 ``\\boxed{answer}``), ``answer``, ``subject``, ``level`` (1-5 by difficulty) and
 ``unique_id`` (``demo/<split>/<index>``).
 
+The solution is written step by step, one arithmetic statement per line, in the way a
+person does it on paper: tens and ones apart, partial products, then their sum::
+
+    40 × 8 = 320
+    7 × 8 = 56
+    320 + 56 = 376
+    The answer is $\\boxed{376}$.
+
+The demo suite's reference model learns this format in a short supervised stage, so its
+wrong answers are wrong digits inside well-formed statements, which a verifier can find.
+
 Train and test are disjoint by construction: a problem's split is decided by the sha256
 of its canonical arithmetic (operation and operands, commutative operands sorted), not by
 the random draw. So ``23 + 45`` in a word problem and ``45 + 23`` as a bare sum share one
@@ -20,7 +31,7 @@ import random
 import re
 
 # Bump when the generator changes the problems it draws (tables key on it).
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: step-by-step solutions
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.25
 
@@ -28,19 +39,21 @@ NAMES = ["Maya", "Liam", "Ava", "Noah", "Zoe", "Omar", "Lena", "Ravi", "Sara", "
 ITEMS = ["apples", "stickers", "marbles", "books", "pencils", "cookies", "stamps", "shells"]
 CONTAINERS = ["boxes", "bags", "baskets", "jars", "shelves", "trays"]
 
-# (kind, level, weight): the weights tilt the mix towards problems the base model can
-# sometimes solve, so the reward is not almost always zero at the start of training.
+# (kind, level, weight): the weights put most problems where a 135M model fine-tuned on
+# these solutions is right some of the time and wrong some of the time (two-digit sums and
+# differences, products of a two-digit number and a digit), so both a supervised stage and
+# RL have something to learn and the wrong answers are arithmetic slips.
 KINDS = [
-    ("add_1d", 1, 2),
+    ("add_1d", 1, 1),
     ("sub_1d", 1, 1),
     ("mul_1d", 2, 2),
-    ("add_2d1d", 2, 2),
+    ("add_2d1d", 2, 1),
     ("add_2d", 3, 3),
     ("sub_2d", 3, 3),
     ("word_add", 3, 2),
     ("word_sub", 4, 2),
-    ("mul_2d1d", 4, 2),
-    ("word_mul", 5, 1),
+    ("mul_2d1d", 4, 3),
+    ("word_mul", 5, 2),
     ("mul_2d", 5, 1),
 ]
 
@@ -100,24 +113,72 @@ def _operands(kind: str, rng: random.Random) -> tuple[str, int, int]:
     raise ValueError(f"unknown problem kind {kind!r}")
 
 
-def _text(kind: str, op: str, a: int, b: int, rng: random.Random) -> tuple[str, str]:
-    """Problem text and the solution's working (without the boxed answer)."""
+def _problem_text(kind: str, op: str, a: int, b: int, rng: random.Random) -> str:
     sign = {"add": "+", "sub": "-", "mul": "\\times"}[op]
-    value = {"add": a + b, "sub": a - b, "mul": a * b}[op]
     if not kind.startswith("word_"):
-        return f"What is ${a} {sign} {b}$?", f"${a} {sign} {b} = {value}$."
+        return f"What is ${a} {sign} {b}$?"
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     if op == "add":
-        problem = (f"{name} has {a} {item}. A friend gives {name} {b} more {item}. "
-                   f"How many {item} does {name} have now?")
-    elif op == "sub":
-        problem = (f"{name} had {a} {item} and gave away {b} of them. "
-                   f"How many {item} does {name} have left?")
-    else:
-        box = rng.choice(CONTAINERS)
-        problem = (f"{name} has {a} {box} with {b} {item} in each. "
-                   f"How many {item} does {name} have in total?")
-    return problem, f"We compute ${a} {sign} {b} = {value}$."
+        return (f"{name} has {a} {item}. A friend gives {name} {b} more {item}. "
+                f"How many {item} does {name} have now?")
+    if op == "sub":
+        return (f"{name} had {a} {item} and gave away {b} of them. "
+                f"How many {item} does {name} have left?")
+    box = rng.choice(CONTAINERS)
+    return (f"{name} has {a} {box} with {b} {item} in each. "
+            f"How many {item} does {name} have in total?")
+
+
+def _split_tens(n: int) -> list[int]:
+    """47 -> [40, 7]; 40 -> [40]; 7 -> [7]: the parts a person adds or multiplies apart."""
+    tens, ones = n - n % 10, n % 10
+    return [p for p in (tens, ones) if p] or [0]
+
+
+def working_lines(op: str, a: int, b: int) -> list[str]:
+    """The solution's arithmetic, one statement per line (without the answer line)."""
+    if op == "add":
+        if a < 10 and b < 10:
+            return [f"{a} + {b} = {a + b}"]
+        (at, *ao), (bt, *bo) = _split_tens(a), _split_tens(b)
+        if a < 10 or b < 10:  # a two-digit number and a digit: add the digit to the ones
+            big, small = (a, b) if a >= 10 else (b, a)
+            if big % 10 == 0:
+                return [f"{big} + {small} = {big + small}"]
+            return [f"{big % 10} + {small} = {big % 10 + small}",
+                    f"{big - big % 10} + {big % 10 + small} = {big + small}"]
+        ones = [x for x in (a % 10, b % 10) if x]
+        lines = [f"{a - a % 10} + {b - b % 10} = {a - a % 10 + b - b % 10}"]
+        if len(ones) == 2:
+            lines.append(f"{ones[0]} + {ones[1]} = {sum(ones)}")
+        if ones:
+            lines.append(f"{a - a % 10 + b - b % 10} + {sum(ones)} = {a + b}")
+        return lines
+    if op == "sub":
+        if b < 10 or b % 10 == 0:
+            return [f"{a} - {b} = {a - b}"]
+        return [f"{a} - {b - b % 10} = {a - (b - b % 10)}",
+                f"{a - (b - b % 10)} - {b % 10} = {a - b}"]
+    # multiplication: the larger factor split into tens and ones, times the smaller; a
+    # two-digit smaller factor is split too, one partial product per line
+    big, small = max(a, b), min(a, b)
+    if big < 10 or (big % 10 == 0 and small < 10):
+        return [f"{big} × {small} = {big * small}"]
+    partials = [(x, y) for x in _split_tens(big) for y in _split_tens(small)]
+    lines = [f"{x} × {y} = {x * y}" for x, y in partials]
+    if len(partials) > 1:
+        lines.append(" + ".join(str(x * y) for x, y in partials) + f" = {big * small}")
+    return lines
+
+
+def solution_text(kind: str, op: str, a: int, b: int) -> str:
+    """The step-by-step solution: a sentence naming the operation for word problems, the
+    working, then the boxed answer."""
+    value = {"add": a + b, "sub": a - b, "mul": a * b}[op]
+    lead = {"add": f"We add {a} and {b}.", "sub": f"We subtract {b} from {a}.",
+            "mul": f"We multiply {a} by {b}."}[op]
+    lines = ([lead] if kind.startswith("word_") else []) + working_lines(op, a, b)
+    return "\n".join(lines + [f"The answer is $\\boxed{{{value}}}$."])
 
 
 def generate_problems(split: str, n: int, seed: int) -> list[dict]:
@@ -147,11 +208,11 @@ def generate_problems(split: str, n: int, seed: int) -> list[dict]:
         if key in seen or split_of(key) != split:
             continue
         seen.add(key)
-        problem, working = _text(kind, op, a, b, rng)
+        problem = _problem_text(kind, op, a, b, rng)
         answer = str({"add": a + b, "sub": a - b, "mul": a * b}[op])
         out.append({
             "problem": problem,
-            "solution": f"{working} The answer is $\\boxed{{{answer}}}$.",
+            "solution": solution_text(kind, op, a, b),
             "answer": answer,
             "subject": "Word problems" if kind.startswith("word_") else "Arithmetic",
             "level": levels[kind],

@@ -5,6 +5,8 @@ machine the demo suite was trained on, and carrying it means carrying its depend
 pinned to that machine's transformers (5.17) while the book pins another (5.24). The
 algorithm is short enough to read in one sitting, and every line of it is ours to test:
 
+* the start model is the base with ``start_adapter`` merged in (the demo suite's
+  supervised reference, ``rlprobe_nb.demo.sft``), or the base itself;
 * each *round* draws ``prompts_per_step * steps_per_generation`` training problems and
   samples ``group_size`` completions per problem from the current policy (temperature 1,
   no top-k/top-p, so the sampler is the policy whose log-probs we compute);
@@ -17,6 +19,10 @@ algorithm is short enough to read in one sitting, and every line of it is ours t
   to box the question itself (``\\boxed{54 \\times 20}``), which math-verify rightly
   finds equal to 1080; it reached 300/300 greedy without doing any arithmetic. A
   question's restatement is not its answer, so the demo reward asks for a number;
+* the placebo run (``reward="permuted"``) shuffles the round's rewards by a seeded
+  permutation before the advantages: same mean and spread, same optimisation, no
+  information about which completion was right. It is the book's external null: what
+  RL optimisation does to the text when the reward says nothing;
 * advantage = (reward - group mean) / (group std + 1e-4), per problem (GRPO);
 * the round's sequences are split into ``steps_per_generation`` minibatches, one
   optimizer step each (TRL's ``steps_per_generation``): the later minibatches are
@@ -44,7 +50,7 @@ One idea per module:
   evaluation    graded greedy and sampled responses of each adapter
 """
 
-from rlprobe_nb.demo.grpo.advantages import group_advantages, is_correct, rewards
+from rlprobe_nb.demo.grpo.advantages import group_advantages, is_correct, permuted_rewards, rewards
 from rlprobe_nb.demo.grpo.checkpoints import (
     load_adapter_weights,
     load_state,
@@ -61,11 +67,11 @@ from rlprobe_nb.demo.grpo.logprobs import (
     chunked_logprobs,
     completion_logprobs,
 )
-from rlprobe_nb.demo.grpo.policy import Sampler, load_policy
+from rlprobe_nb.demo.grpo.policy import Sampler, load_policy, merge_adapter
 from rlprobe_nb.demo.grpo.training import LOG_COLUMNS, _optimizer_step, train
 
 __all__ = [
-    "group_advantages", "is_correct", "rewards", "load_adapter_weights", "load_state",
+    "group_advantages", "is_correct", "permuted_rewards", "rewards", "merge_adapter", "load_adapter_weights", "load_state",
     "lora_state", "save_adapter", "save_state", "BASE_MODEL_ID", "GRPOConfig", "evaluate",
     "evaluation_models", "write_jsonl", "generate", "left_pad", "autocast", "batch_tensors",
     "chunked_logprobs", "completion_logprobs", "Sampler", "load_policy", "LOG_COLUMNS",

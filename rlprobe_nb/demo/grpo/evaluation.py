@@ -34,11 +34,12 @@ def evaluate(policy, sampler, tokenizer, problems: list[dict], models: dict, dev
         if adapter is not None:
             load_adapter_weights(policy, adapter)
         sampler.sync(policy, use_adapter=adapter is not None)
-        greedy, g_stop = generate(sampler.model, tokenizer, prompts, max_new_tokens, None, device)
+        greedy, g_stop = generate(sampler.model, tokenizer, prompts, max_new_tokens, None, device,
+                                  batch_size=2048)
         torch.manual_seed(seed)
         sampled, s_stop = generate(sampler.model, tokenizer,
                                    [p for p in prompts for _ in range(n_samples)],
-                                   max_new_tokens, temperature, device)
+                                   max_new_tokens, temperature, device, batch_size=2048)
         texts = tokenizer.batch_decode(greedy + sampled, skip_special_tokens=True)
         all_golds = golds + [g for g in golds for _ in range(n_samples)]
         grades = grading.grade_many(texts, all_golds, timeout_s=5.0, workers=workers)
@@ -51,7 +52,8 @@ def evaluate(policy, sampler, tokenizer, problems: list[dict], models: dict, dev
                 pi, sample = (i - len(problems)) // n_samples, (i - len(problems)) % n_samples + 1
             rows.append({
                 "model": name, "problem_id": problems[pi]["unique_id"],
-                "level": problems[pi]["level"], "sample": sample,
+                "level": problems[pi]["level"], "kind": problems[pi].get("kind"),
+                "sample": sample,
                 "temperature": 0.0 if sample == 0 else temperature,
                 "seed": seed, "response": text, "n_tokens": lens[i],
                 "finish_reason": "stop" if stops[i] else "length",
@@ -64,12 +66,14 @@ def evaluate(policy, sampler, tokenizer, problems: list[dict], models: dict, dev
     return rows
 
 
-def evaluation_models(run_dir: Path) -> dict:
-    """``dpo`` (the base, adapter off) and every saved adapter, in step order."""
+def evaluation_models(*adapter_dirs: Path) -> dict:
+    """``dpo`` (the start model: the adapter switched off) and every adapter saved under
+    the given ``adapters/`` folders, run by run, each in step order."""
     models = {"dpo": None}
-    found = sorted((run_dir / "adapters").glob("rlvr_step_*"),
-                   key=lambda p: int(p.name.rsplit("_", 1)[1]))
-    models.update({p.name: p for p in found})
+    for folder in adapter_dirs:
+        found = sorted((p for p in Path(folder).glob("*_step_*") if p.is_dir()),
+                       key=lambda p: int(p.name.rsplit("_", 1)[1]))
+        models.update({p.name: p for p in found})
     return models
 
 

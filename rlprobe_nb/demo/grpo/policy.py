@@ -9,19 +9,29 @@ from rlprobe_nb.demo.grpo.config import GRPOConfig
 
 
 def load_policy(cfg: GRPOConfig, device: str, model=None, tokenizer=None):
-    """Base model (fp32 weights) with a fresh LoRA adapter, its tokenizer, and a Sampler."""
+    """The start model (fp32 weights: the base, with ``cfg.start_adapter`` merged in when
+    set) with a fresh LoRA adapter, its tokenizer, and a Sampler."""
     from peft import LoraConfig, get_peft_model
 
     from rlprobe_nb.suite import gguf_cache
 
     if model is None:
         model, tokenizer = gguf_cache.demo_model(dtype=torch.float32, device=device)
+    if cfg.start_adapter:
+        model = merge_adapter(model, cfg.start_adapter)
     sampler = Sampler(model, device)
     torch.manual_seed(cfg.seed)
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                       target_modules=list(cfg.lora_target), bias="none", task_type="CAUSAL_LM")
     policy = get_peft_model(model, lora)
     return policy, tokenizer, sampler
+
+
+def merge_adapter(model, adapter_dir):
+    """The model with a saved LoRA adapter merged into its weights (a plain model again)."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
 
 
 class Sampler:

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlprobe_nb.demo.grpo.advantages import group_advantages
+from rlprobe_nb.demo.grpo.advantages import group_advantages, permuted_rewards
 from rlprobe_nb.demo.grpo.checkpoints import load_state, save_adapter, save_state
-from rlprobe_nb.demo.grpo.config import GRPOConfig
+from rlprobe_nb.demo.grpo.config import BASE_MODEL_ID, GRPOConfig
 from rlprobe_nb.demo.grpo.generation import generate
 from rlprobe_nb.demo.grpo.logprobs import (
     batch_tensors,
@@ -35,8 +35,7 @@ LOG_COLUMNS = [
 
 def train(cfg: GRPOConfig, out: str | os.PathLike, device: str = "cuda", workers: int = 8,
           model=None, tokenizer=None, progress: bool = True):
-    """Run (or resume) GRPO; writes ``out/train_log.csv``, ``out/adapters/rlvr_step_N``."""
-    from rlprobe_nb.demo import grpo  # the package, see below
+    """Run (or resume) GRPO; writes ``out/train_log.csv``, ``out/adapters/<prefix>_step_N``."""
     from rlprobe_nb.progress import tqdm
 
     cfg.validate()
@@ -50,8 +49,44 @@ def train(cfg: GRPOConfig, out: str | os.PathLike, device: str = "cuda", workers
     step, rnd = load_state(out, policy, optimizer, cfg)
     if step == 0:
         torch.manual_seed(cfg.seed)
+    log_path = _restart_log(out / "train_log.csv", step)
+    pool = arithmetic.generate_problems("train", cfg.train_pool_size, cfg.seed)
+    prompt_cache: dict[str, list[int]] = {}
+    bar = tqdm(total=cfg.total_steps, initial=step, disable=not progress, desc="GRPO steps")
+    last_ckpt, t0 = step, time.time()
+    while step < cfg.total_steps:
+        batch = _sample_round(policy, sampler, tokenizer, cfg, pool, prompt_cache, rnd, device,
+                              workers)
+        for idx in _minibatches(cfg, rnd, len(batch["prompts"])):
+            if step >= cfg.total_steps:
+                break
+            stats = _train_step(policy, optimizer, cfg, device, tokenizer.pad_token_id, batch,
+                                idx, step)
+            step += 1
+            row = _log_row(step, rnd, batch, idx, stats, optimizer, t0)
+            with open(log_path, "a", newline="") as f:
+                csv.DictWriter(f, LOG_COLUMNS).writerow(row)
+            bar.update(1)
+            bar.set_postfix(acc=f"{row['accuracy']:.2f}", kl=f"{row['kl_to_start']:.3f}")
+            if step in cfg.save_steps or step == cfg.total_steps:
+                save_adapter(policy, out / "adapters" / f"{cfg.adapter_prefix}_step_{step}",
+                             {"step": step, "config": cfg.as_dict()}, base_model=_base_name(cfg))
+        rnd += 1
+        if step - last_ckpt >= cfg.checkpoint_every or step >= cfg.total_steps:
+            save_state(out, policy, optimizer, step, rnd, cfg)
+            last_ckpt = step
+    bar.close()
+    return policy, tokenizer, sampler
 
-    log_path = out / "train_log.csv"
+
+def _base_name(cfg: GRPOConfig) -> str:
+    if not cfg.start_adapter:
+        return BASE_MODEL_ID
+    return f"{BASE_MODEL_ID} + adapter {Path(cfg.start_adapter).name} (merged)"
+
+
+def _restart_log(log_path: Path, step: int) -> Path:
+    """The log with the rows of steps up to ``step`` (those a resumed run keeps)."""
     old_rows = []
     if log_path.exists():
         with open(log_path) as f:
@@ -60,83 +95,78 @@ def train(cfg: GRPOConfig, out: str | os.PathLike, device: str = "cuda", workers
         w = csv.DictWriter(f, LOG_COLUMNS)
         w.writeheader()
         w.writerows(old_rows)
+    return log_path
 
-    pool = arithmetic.generate_problems("train", cfg.train_pool_size, cfg.seed)
-    prompt_cache: dict[str, list[int]] = {}
+
+def _sample_round(policy, sampler, tokenizer, cfg, pool, prompt_cache, rnd, device, workers):
+    """A round's problems, completions from the current policy, rewards, advantages and
+    the log-probs the loss compares with (policy at sampling time, and the start model)."""
+    from rlprobe_nb.demo import grpo  # the package: the tests replace grpo.rewards
+
+    # Problems of a round depend only on (seed, round): a resumed run sees the same.
     per_round = cfg.prompts_per_step * cfg.steps_per_generation
-    bar = tqdm(total=cfg.total_steps, initial=step, disable=not progress, desc="GRPO steps")
-    last_ckpt = step
-    t0 = time.time()
-    while step < cfg.total_steps:
-        # Problems of a round depend only on (seed, round): a resumed run sees the same.
-        picks = random.Random(f"{cfg.seed}:round:{rnd}").choices(pool, k=per_round)
-        prompts = []
-        for p in picks:
-            if p["unique_id"] not in prompt_cache:
-                prompt_cache[p["unique_id"]] = prompting.prompt_ids(tokenizer, p["problem"])
-            prompts.extend([prompt_cache[p["unique_id"]]] * cfg.group_size)
-        golds = [p["answer"] for p in picks for _ in range(cfg.group_size)]
+    picks = random.Random(f"{cfg.seed}:round:{rnd}").choices(pool, k=per_round)
+    prompts = []
+    for p in picks:
+        if p["unique_id"] not in prompt_cache:
+            prompt_cache[p["unique_id"]] = prompting.prompt_ids(tokenizer, p["problem"])
+        prompts.extend([prompt_cache[p["unique_id"]]] * cfg.group_size)
+    golds = [p["answer"] for p in picks for _ in range(cfg.group_size)]
+    policy.eval()
+    sampler.sync(policy)
+    completions, stopped = generate(sampler.model, tokenizer, prompts, cfg.max_new_tokens,
+                                    cfg.temperature, device)
+    r, correct, well_formed, _ = grpo.rewards(tokenizer, completions, stopped, golds,
+                                              cfg.format_weight, workers,
+                                              cfg.answer_must_be_number)
+    if cfg.reward == "permuted":
+        r = permuted_rewards(r, cfg.seed, rnd)
+    old_lp = chunked_logprobs(policy, prompts, completions, tokenizer.pad_token_id, device,
+                              cfg.logprob_chunk)
+    with policy.disable_adapter():
+        ref_lp = chunked_logprobs(policy, prompts, completions, tokenizer.pad_token_id, device,
+                                  cfg.logprob_chunk)
+    policy.train()
+    return {"prompts": prompts, "completions": completions, "stopped": stopped, "reward": r,
+            "correct": correct, "well_formed": well_formed,
+            "advantage": group_advantages(r, cfg.group_size), "old_lp": old_lp, "ref_lp": ref_lp}
 
-        policy.eval()
-        sampler.sync(policy)
-        completions, stopped = generate(sampler.model, tokenizer, prompts, cfg.max_new_tokens,
-                                        cfg.temperature, device)
-        # The reward and the optimizer step are looked up on the package, so replacing
-        # grpo.rewards or grpo._optimizer_step (as the tests do) reaches this loop.
-        r, correct, well_formed, _ = grpo.rewards(tokenizer, completions, stopped, golds,
-                                                  cfg.format_weight, workers,
-                                                  cfg.answer_must_be_number)
-        adv = group_advantages(r, cfg.group_size)
-        old_lp = chunked_logprobs(policy, prompts, completions, tokenizer.pad_token_id,
-                                  device, cfg.logprob_chunk)
-        with policy.disable_adapter():
-            ref_lp = chunked_logprobs(policy, prompts, completions, tokenizer.pad_token_id,
-                                      device, cfg.logprob_chunk)
-        policy.train()
 
-        # Minibatches hold whole groups, so each step sees complete comparisons.
-        order = np.arange(len(prompts)).reshape(-1, cfg.group_size)
-        order = order[np.random.default_rng([cfg.seed, rnd]).permutation(len(order))]
-        mb_groups = np.array_split(order, cfg.steps_per_generation)
-        for mb in mb_groups:
-            if step >= cfg.total_steps:
-                break
-            idx = mb.ravel().tolist()
-            # Linear warm-up, then constant; a function of the step, so resuming needs no
-            # scheduler state.
-            for g in optimizer.param_groups:
-                g["lr"] = cfg.learning_rate * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
-            stats = grpo._optimizer_step(policy, optimizer, cfg, device, tokenizer.pad_token_id,
-                                         [prompts[i] for i in idx], [completions[i] for i in idx],
-                                         torch.tensor(adv[idx], dtype=torch.float32),
-                                         [old_lp[i] for i in idx], [ref_lp[i] for i in idx])
-            step += 1
-            lens = [len(completions[i]) for i in idx]
-            row = {
-                "step": step, "round": rnd,
-                "reward_mean": float(r[idx].mean()), "accuracy": float(correct[idx].mean()),
-                "format_rate": float(well_formed[idx].mean()),
-                "kl_to_start": stats["kl"], "loss": stats["loss"],
-                "clip_frac": stats["clip_frac"],
-                "completion_len_mean": float(np.mean(lens)),
-                "completion_len_max": int(np.max(lens)),
-                "truncated_frac": float(np.mean([not stopped[i] for i in idx])),
-                "grad_norm": stats["grad_norm"], "lr": optimizer.param_groups[0]["lr"],
-                "seconds": round(time.time() - t0, 2),
-            }
-            with open(log_path, "a", newline="") as f:
-                csv.DictWriter(f, LOG_COLUMNS).writerow(row)
-            bar.update(1)
-            bar.set_postfix(acc=f"{row['accuracy']:.2f}", kl=f"{row['kl_to_start']:.3f}")
-            if step in cfg.save_steps or step == cfg.total_steps:
-                save_adapter(policy, out / "adapters" / f"rlvr_step_{step}",
-                             {"step": step, "config": cfg.as_dict()})
-        rnd += 1
-        if step - last_ckpt >= cfg.checkpoint_every or step >= cfg.total_steps:
-            save_state(out, policy, optimizer, step, rnd, cfg)
-            last_ckpt = step
-    bar.close()
-    return policy, tokenizer, sampler
+def _minibatches(cfg, rnd: int, n: int) -> list[list[int]]:
+    """The round's completions in ``steps_per_generation`` minibatches of whole groups
+    (each step sees complete comparisons), in a seeded order."""
+    order = np.arange(n).reshape(-1, cfg.group_size)
+    order = order[np.random.default_rng([cfg.seed, rnd]).permutation(len(order))]
+    return [mb.ravel().tolist() for mb in np.array_split(order, cfg.steps_per_generation)]
+
+
+def _train_step(policy, optimizer, cfg, device, pad_id, batch, idx, step) -> dict:
+    from rlprobe_nb.demo import grpo  # the package: the tests replace grpo._optimizer_step
+
+    # Linear warm-up, then constant; a function of the step, so resuming needs no
+    # scheduler state.
+    for g in optimizer.param_groups:
+        g["lr"] = cfg.learning_rate * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
+    pick = lambda key: [batch[key][i] for i in idx]  # noqa: E731
+    return grpo._optimizer_step(policy, optimizer, cfg, device, pad_id, pick("prompts"),
+                                pick("completions"),
+                                torch.tensor(batch["advantage"][idx], dtype=torch.float32),
+                                pick("old_lp"), pick("ref_lp"))
+
+
+def _log_row(step, rnd, batch, idx, stats, optimizer, t0) -> dict:
+    lens = [len(batch["completions"][i]) for i in idx]
+    return {
+        "step": step, "round": rnd,
+        "reward_mean": float(batch["reward"][idx].mean()),
+        "accuracy": float(batch["correct"][idx].mean()),
+        "format_rate": float(batch["well_formed"][idx].mean()),
+        "kl_to_start": stats["kl"], "loss": stats["loss"], "clip_frac": stats["clip_frac"],
+        "completion_len_mean": float(np.mean(lens)), "completion_len_max": int(np.max(lens)),
+        "truncated_frac": float(np.mean([not batch["stopped"][i] for i in idx])),
+        "grad_norm": stats["grad_norm"], "lr": optimizer.param_groups[0]["lr"],
+        "seconds": round(time.time() - t0, 2),
+    }
 
 
 def _optimizer_step(policy, optimizer, cfg, device, pad_id, prompts, completions, adv,
@@ -153,11 +183,14 @@ def _optimizer_step(policy, optimizer, cfg, device, pad_id, prompts, completions
     old, ref = padded(old_lp), padded(ref_lp)
     m = c_mask.float()
     logp = completion_logprobs(policy, ids, mask, pos, c_ids, device)
-    ratio = torch.exp(logp - old)
+    # Log-ratios are clamped before exp, and k3 after, as verl does: a token the bf16
+    # sampler drew that the policy all but rules out (log-prob ~ -100) made exp overflow
+    # to inf and the loss NaN (the demo's placebo run diverged so at step ~970).
+    ratio = torch.exp((logp - old).clamp(-20.0, 20.0))
     a = adv.to(device).unsqueeze(1)
     surrogate = torch.minimum(ratio * a, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * a)
-    delta = ref - logp
-    k3 = torch.exp(delta) - delta - 1
+    delta = (ref - logp).clamp(-20.0, 20.0)
+    k3 = (torch.exp(delta) - delta - 1).clamp(max=10.0)
     per_token = -surrogate + cfg.beta * k3
     loss = (per_token * m).sum() / m.sum()
     optimizer.zero_grad(set_to_none=True)

@@ -75,3 +75,37 @@ def test_bad_input():
 ])
 def test_is_plain_number(answer, plain):
     assert dp.is_plain_number(answer) is plain
+
+
+_STATEMENT = re.compile(r"^(\d+(?: [-+×] \d+)+) = (\d+)$")
+
+
+def _value(expr: str) -> int:
+    """Left-to-right value of 'a op b op c' with × before + and - (no eval)."""
+    tokens = expr.split(" ")
+    terms, sign, product = [], 1, int(tokens[0])
+    for op, num in zip(tokens[1::2], tokens[2::2]):
+        if op == "×":
+            product *= int(num)
+        else:
+            terms.append(sign * product)
+            sign, product = (1 if op == "+" else -1), int(num)
+    return sum(terms) + sign * product
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_every_solution_line_is_true_and_ends_in_the_boxed_answer(split):
+    problems = dp.generate_problems(split, 400, 3)
+    kinds = set()
+    for p in problems:
+        *lines, last = p["solution"].split("\n")
+        assert last == f"The answer is $\\boxed{{{p['answer']}}}$."
+        statements = [ln for ln in lines if not ln.startswith("We ")]
+        assert statements, p
+        for line in statements:
+            m = _STATEMENT.match(line)
+            assert m, line
+            assert _value(m.group(1)) == int(m.group(2)), (p["problem"], line)
+        assert int(_STATEMENT.match(statements[-1]).group(2)) == int(p["answer"])
+        kinds.add(p["kind"])
+    assert len(kinds) == len(dp.KINDS)
