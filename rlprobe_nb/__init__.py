@@ -7,7 +7,7 @@ one subpackage per stage, imports only downward (a test checks the graph).
   problems/          01  problems, grading, filtering and selection
   generation/        01 02  seeded sampling of answers and rollouts
   forcing/           03  teacher forcing and the exact per-token metrics
-  divergence/        04  aggregates, token categories, entropy, the estimator lab
+  divergence/        04  aggregates, token categories, ground truth, entropy, estimators
   spikes/            05  tokens that depart far more than comparable ones
   render/            06 07  case studies, coloured tokens, the live viewer
   counterfactuals/   08  does the token matter? branching and grading continuations

@@ -2,6 +2,9 @@
 
   clustered              intervals for tokens clustered in problems
   token_categories       what kind of token each row is, read from its place in the text
+  ground_truth           the arithmetic each response writes, verified, and a label per
+                         token (result_first_wrong, result_correct, operand...)
+  written_arithmetic     the lexer and parser ground_truth reads statements with
   summary                the aggregates: by step, tails, position, category
   entropy_concentration  does the divergence sit where the reference was unsure?
   estimator_lab          the sampled-token estimators k1, k2, k3 against the exact KL

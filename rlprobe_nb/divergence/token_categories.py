@@ -93,6 +93,11 @@ _PUNCTUATION = set(".,:;!?()[]\"'—–")
 _LATEX_CHARS = set("$&{}_")
 _OPERATOR_CHARS = set("+/×÷·^=<>≤≥≠≈±")
 
+# A marker opening a line (also used by ground_truth, which labels it ``format``).
+STEP_MARKER = re.compile(
+    r"^[ \t]*(?:#{1,6}[ \t]*)?(?:\*\*)?(?:[Ss]tep\s*\d+\s*[:.)]?|\d+[.)](?=\s)|"
+    r"[-*•](?=\s)|\([a-z0-9]\)(?=\s))(?:\*\*)?:?(?:\*\*)?", re.M)
+
 # Context rules (category, pattern, groups), applied in order after the character
 # classes; the groups' spans get the category and later rules override earlier ones.
 _RULES = [
@@ -113,9 +118,7 @@ _RULES = [
     ("number_result", re.compile(rf"{_RESULT_AFTER}({_NUMBER})"), (1,)),
     ("number_result", re.compile(
         rf"{_RESULT_AFTER}\\[dt]?frac\s*\{{\s*({_NUMBER})\s*\}}\s*\{{\s*({_NUMBER})"), (1, 2)),
-    ("step_marker", re.compile(
-        r"^[ \t]*(?:#{1,6}[ \t]*)?(?:\*\*)?(?:[Ss]tep\s*\d+\s*[:.)]?|\d+[.)](?=\s)|"
-        r"[-*•](?=\s)|\([a-z0-9]\)(?=\s))(?:\*\*)?:?(?:\*\*)?", re.M), (0,)),
+    ("step_marker", STEP_MARKER, (0,)),
 ]
 
 
