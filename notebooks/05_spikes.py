@@ -37,7 +37,7 @@ from rlprobe_nb.spikes import (
                                   table,
 )
 from rlprobe_nb.suite import models, params, paths
-from rlprobe_nb.tables import provenance, schemas, suite_tables
+from rlprobe_nb.tables import lineage, provenance, schemas, suite_tables
 
 # %% tags=["parameters"]
 suite = None
@@ -142,9 +142,9 @@ summary(null_tests)
 spikes, spans = table.spikes_table(TOKENS, tests, vocab=VOCAB)
 SETTINGS = {"q": q, "min_effect": min_effect, "divergence": divergence}
 manifest = provenance.manifest(P, extra={**SETTINGS, "tests": len(tests)})
-suite_tables.write_derived(P, "spikes", table.to_schema(spikes, suite=P.suite), schemas.SPIKES,
+lineage.write_derived(P, "spikes", table.to_schema(spikes, suite=P.suite), schemas.SPIKES,
                            manifest, SETTINGS, "notebooks/05_spikes")
-suite_tables.write_derived(P, "spike_regions", table.to_schema(spans, "spike_regions"),
+lineage.write_derived(P, "spike_regions", table.to_schema(spans, "spike_regions"),
                            schemas.SPIKE_REGIONS, manifest, SETTINGS, "notebooks/05_spikes")
 spikes.groupby(["step", "persistence"]).context_id.nunique().unstack(fill_value=0)
 

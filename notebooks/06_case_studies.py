@@ -35,7 +35,7 @@ from IPython.display import HTML, display
 
 from rlprobe_nb.render import case_page, case_studies, shared_scale
 from rlprobe_nb.suite import models, params, paths
-from rlprobe_nb.tables import storage, suite_keys, suite_tables
+from rlprobe_nb.tables import lineage, storage, suite_tables
 
 # %% tags=["parameters"]
 suite = None
@@ -57,8 +57,8 @@ params.check_notebook_parameters(globals().get("In", []), [
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 tokens = TOKENS[TOKENS.reference == P.reference]
-SPIKES = suite_tables.read_derived(P, "spikes")
-tables = {name: suite_keys.read_current(P, name)[0] for name in ("problems", "rollouts", "answers")}
+SPIKES = lineage.read_derived(P, "spikes")
+tables = {name: lineage.read_current(P, name)[0] for name in ("problems", "rollouts", "answers")}
 rule = case_studies.CaseRule(n_categories=n_categories, earliest_onset=earliest_onset, n_random=n_random,
                              n_controls=n_controls, seed=seed, group=group, persistence=persistence, window=window)
 scale = shared_scale(tokens, metric, scale_quantile)

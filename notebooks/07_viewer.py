@@ -28,7 +28,7 @@ from IPython.display import HTML
 
 from rlprobe_nb.render import viewer
 from rlprobe_nb.suite import models, params
-from rlprobe_nb.tables import suite_keys, suite_tables
+from rlprobe_nb.tables import lineage, suite_tables
 
 # %% tags=["parameters"]
 suite = None
@@ -42,8 +42,8 @@ params.check_notebook_parameters(globals().get("In", []), ["suite", "metric", "s
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 tokens = TOKENS[TOKENS.reference == P.reference]
-SPIKES = suite_tables.read_derived(P, "spikes")
-rollouts, _ = suite_keys.read_current(P, "rollouts")
+SPIKES = lineage.read_derived(P, "spikes")
+rollouts, _ = lineage.read_current(P, "rollouts")
 texts = dict(zip(rollouts.rollout_id, rollouts.response))
 tokenizer = models.load_tokenizer(P.reference, P)
 decode = lambda token_id: tokenizer.decode([token_id])  # noqa: E731

@@ -45,7 +45,7 @@ from rlprobe_nb.divergence import token_categories
 from rlprobe_nb.problems import grading
 from rlprobe_nb.render import case_studies
 from rlprobe_nb.suite import models, params, paths
-from rlprobe_nb.tables import provenance, suite_keys, suite_tables
+from rlprobe_nb.tables import lineage, provenance, suite_tables
 
 # %% tags=["parameters"]
 suite = None
@@ -81,11 +81,11 @@ TOKENS = TOKENS[TOKENS.reference == P.reference]
 checkpoint = checkpoint or case_studies.final_checkpoint(TOKENS)
 tokens = TOKENS[(TOKENS.checkpoint == checkpoint) & (TOKENS.group == group)].reset_index(drop=True)
 tokens["category"] = token_categories.classify(tokens).astype(str)
-SPIKES = suite_tables.read_derived(P, "spikes")
-ROLLOUTS, rollouts_sha = suite_keys.read_current(P, "rollouts")
+SPIKES = lineage.read_derived(P, "spikes")
+ROLLOUTS, rollouts_sha = lineage.read_current(P, "rollouts")
 ROLLOUTS = ROLLOUTS[ROLLOUTS.rollout_id.isin(set(tokens.rollout_id))]
-PROBLEMS, _ = suite_keys.read_current(P, "problems")
-ANSWERS, _ = suite_keys.read_current(P, "answers")
+PROBLEMS, _ = lineage.read_current(P, "problems")
+ANSWERS, _ = lineage.read_current(P, "answers")
 gold = dict(zip(PROBLEMS.problem_id, PROBLEMS.answer))
 max_new_tokens = C.max_new_tokens or P.rollouts.max_new_tokens
 tokenizer = models.load_tokenizer(P.reference, P)
@@ -164,7 +164,7 @@ cost
 settings = table.branches_settings(P, PLAN, rollouts_sha, checkpoint=checkpoint, n=C.n,
                                    temperature=C.temperature, max_new_tokens=max_new_tokens,
                                    seed=C.seed)
-manifest = provenance.manifest(P, seeds={"seed": C.seed}, grader=suite_keys.grader(P),
+manifest = provenance.manifest(P, seeds={"seed": C.seed}, grader=grading.grader_info(),
                                extra={"checkpoint": checkpoint, "point_kind": point_kind})
 BRANCHES = table.run_branches(P, PLAN, ROLLOUTS, gold, lambda name: models.load_model(name, P),
                               settings, manifest, checkpoint=checkpoint, n=C.n,

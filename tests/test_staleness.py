@@ -8,7 +8,6 @@ reuses its table without loading a model."""
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -95,7 +94,7 @@ def edit_yaml(change):
 def test_unchanged_inputs_are_reused_without_loading_a_model(suite):
     for nb in ("01_filtering", "02_rollouts", "03_teacher_forcing"):
         ok, text = run(suite, nb)
-        assert ok and "reusing" in text and LOADS not in text, (nb, text[-2000:])
+        assert ok and text.count("reusing ") == 1 and LOADS not in text, (nb, text[-2000:])
 
 
 def flip_a_byte(path):
@@ -114,10 +113,10 @@ def flip_a_byte(path):
      "dpo.files.tokenizer_config.json"),
     ("gold answer", "02_rollouts", "problems",
      lambda p: p.write_text(p.read_text().replace('"answer": "42"', '"answer": "41"')),
-     "source.file_sha256"),
+     "files.problems.path"),
     ("problem text", "03_teacher_forcing", "problems",
      lambda p: p.write_text(p.read_text().replace("What is $7", "What is $9")),
-     "source.file_sha256"),
+     "files.problems.path"),
     ("top-k", "03_teacher_forcing", "yaml", edit_yaml(lambda d: d["forcing"].update(topk=3)),
      "topk: 5 -> 3"),
     ("max_rollouts", "03_teacher_forcing", "yaml",
@@ -136,15 +135,32 @@ def test_a_changed_input_is_refused_with_the_difference_named(suite, what, noteb
     assert "StaleTableError" in text and LOADS not in text, (what, text[-2500:])
 
 
-def test_the_grader_version_is_part_of_the_key(suite, tmp_path):
-    """A newer grader (simulated by a sitecustomize that bumps GRADER_VERSION in the kernel)
-    makes the answers table stale."""
-    (tmp_path / "sitecustomize.py").write_text(
-        "import rlprobe_nb.problems.grading as g\ng.GRADER_VERSION = 'newer'\n")
-    env = {**suite["env"], "PYTHONPATH": os.pathsep.join(
-        [str(tmp_path), suite["env"].get("PYTHONPATH", "")]).strip(os.pathsep)}
-    ok, text = run(suite, "01_filtering", env=env)
-    assert not ok and "grader.version" in text and "-> newer" in text, text[-2500:]
+def changed_code(root: Path, edits: dict[str, tuple[str, str]]) -> dict:
+    """An environment whose kernels import a copy of the package with ``edits`` (file ->
+    (old text, new text)) applied: what a user gets after editing the code."""
+    copy = root / "changed_code"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(paths.PACKAGE_DIR, copy / "rlprobe_nb",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name, (old, new) in edits.items():
+        f = copy / "rlprobe_nb" / name
+        assert old in f.read_text(), (name, old)
+        f.write_text(f.read_text().replace(old, new, 1))
+    return {"PYTHONPATH": str(copy), "RLPROBE_CACHE": str(paths.cache_dir())}
+
+
+@pytest.mark.parametrize("notebook,file,old,new", [
+    ("01_filtering", "problems/grading.py", "MAX_ANSWER_CHARS = 2000", "MAX_ANSWER_CHARS = 1"),
+    ("02_rollouts", "problems/grading.py", "MAX_ANSWER_CHARS = 2000", "MAX_ANSWER_CHARS = 1"),
+    ("03_teacher_forcing", "forcing/metrics.py", "\n", "\n# a changed line\n"),
+])
+def test_a_changed_source_file_is_refused_by_name(suite, notebook, file, old, new):
+    """A measurement tool notices that the code that computed a table changed: the grader
+    (answers, rollouts), the teacher-forcing math (token tables)."""
+    env = {**suite["env"], **changed_code(suite["root"], {file: (old, new)})}
+    ok, text = run(suite, notebook, env=env)
+    assert not ok and f"code.files.{file}" in text and "StaleTableError" in text, text[-2500:]
+    assert LOADS not in text
 
 
 def test_changed_pairs_compute_the_new_pair_and_reuse_the_rest(suite):

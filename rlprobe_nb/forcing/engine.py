@@ -19,7 +19,7 @@ cache files are named by their content, so a rerun at any batch size computes on
 is missing. An out-of-memory error halves ``batch_tokens`` and goes on
 (accelerate's ``find_executable_batch_size``); finished shards are kept.
 
-A run can be shared among processes (``distributed.run_pair``): the coordinator takes the
+A run can be shared among processes (``forcing.sharded.run_pair``): the coordinator takes the
 locks, plans the batches over every missing sequence (``pending`` and ``plan_batches``)
 and gives each worker whole batches; a worker's ``run_pair(..., share=Share(...))``
 computes only its sequences (planned over them alone, its batches are the coordinator's),
@@ -56,11 +56,14 @@ from rlprobe_nb.forcing.heads import (
 )
 from rlprobe_nb.forcing.hidden_cache import HiddenCache
 from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
-from rlprobe_nb.forcing.token_table import UNIQUE, covered_rollouts, rows_table
+from rlprobe_nb.forcing.token_table import UNIQUE, covered_rollouts, rows_table, table_key
 from rlprobe_nb.forcing.transfer import DeviceCopy, HostCopy
 from rlprobe_nb.progress import tqdm
 from rlprobe_nb.suite import paths, tokenizers
-from rlprobe_nb.tables import keys, schemas, storage
+from rlprobe_nb.tables import keys, lineage, schemas, storage
+
+# The code a model's cached hidden states depend on: the forward of the body, the cache.
+HIDDEN_CODE = ("forcing/body.py", "forcing/hidden_cache.py", "forcing/batching.py")
 
 
 @dataclass
@@ -99,15 +102,7 @@ def hidden_dir(suite: str, model_name: str, identity: dict | None = None) -> Pat
 
 
 def pair_dir(suite: str, checkpoint: str, reference: str) -> Path:
-    return paths.table_dir(suite, f"tokens/{checkpoint}__vs__{reference}")
-
-
-def table_key(seqs: SequenceSet, checkpoint: str, reference: str, topk: int,
-              inputs: dict | None = None) -> dict:
-    """The token table's key: the forced sequences (ids, labels, tokenizer), top-k, the
-    engine's version and the caller's inputs (model identities, parameters, upstream)."""
-    return keys.stage("tokens", checkpoint=checkpoint, reference=reference,
-                      sequences=seqs.fingerprint(), topk=int(topk), inputs=inputs or {})
+    return paths.table_dir(suite, paths.token_table_name(checkpoint, reference))
 
 
 def _cache_identity(side: Side, seqs: SequenceSet) -> dict:
@@ -115,7 +110,7 @@ def _cache_identity(side: Side, seqs: SequenceSet) -> dict:
     return {"name": side.name, "dtype": str(p.dtype).replace("torch.", ""),
             "hidden_size": getattr(getattr(side.model, "config", None), "hidden_size", None),
             "tokenizer": seqs.tokenizer, "model": side.identity,
-            "version": keys.STAGE_VERSIONS["hidden"]}
+            "code": lineage.code_hashes(None, HIDDEN_CODE)["files"]}
 
 
 def pending(seqs: SequenceSet, out_dir: Path | None, forwarded: list[HiddenCache]

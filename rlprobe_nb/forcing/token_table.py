@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from rlprobe_nb.forcing import metrics
 from rlprobe_nb.forcing.heads import METRIC_COLUMNS
-from rlprobe_nb.forcing.sequences import ForcedSequence
+from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
 from rlprobe_nb.tables import schemas
 
 
@@ -93,3 +93,16 @@ def covered_rollouts(parts: dict) -> dict[str, set[str]]:
     import pyarrow.parquet as pq
     return {key: set(pq.read_table(path, columns=["rollout_id"]).column(0).unique().to_pylist())
             for key, path in parts.items()}
+
+
+def table_key(seqs: SequenceSet, checkpoint: str, reference: str, topk: int,
+              inputs: dict | None = None) -> dict:
+    """The token table's key: the caller's key (``lineage.tokens_key``: model identities,
+    parameters, the rollouts table, the code) with the forced sequences (ids, labels,
+    tokenizer), the pair and top-k added to its settings."""
+    base = dict(inputs) if inputs else {"table": "tokens"}
+    settings = {**base.get("settings", {}), "checkpoint": checkpoint, "reference": reference,
+                "sequences": seqs.fingerprint(), "topk": int(topk)}
+    return {**base, "settings": settings}
+
+

@@ -110,11 +110,24 @@ def folder_identity(folder: Path) -> dict[str, str]:
     return {p.name: sha256_file(p) for p in files}
 
 
+def remembered_identities(P: Params) -> dict[str, dict]:
+    """The model identities computed for this loaded suite (``params.variant`` shares
+    them): each model's files are hashed once per notebook, whatever asks."""
+    return P.__dict__.setdefault("_identities", {})
+
+
 def model_identity(name: str, P: Params) -> dict[str, Any]:
     """What a model's outputs depend on, resolved without loading it: file hashes of a
-    local folder, GGUF file or adapter (memoized by file stamp, so cheap after the first
-    time), the commit of a hub revision, and the base model of an adapter. Tables and
-    caches key on it, so changed weights, tokenizer files or chat template are noticed."""
+    local folder, GGUF file or adapter, the commit of a hub revision, and the base model
+    of an adapter. Tables and caches key on it, so changed weights, tokenizer files or
+    chat template are noticed. Computed once per loaded suite (``remembered_identities``)."""
+    memo = remembered_identities(P)
+    if name not in memo:
+        memo[name] = _identity(name, P)
+    return memo[name]
+
+
+def _identity(name: str, P: Params) -> dict[str, Any]:
     spec = P.model_spec(name)
     kind = spec["kind"]
     ident: dict[str, Any] = {"kind": kind}
