@@ -178,5 +178,5 @@ def test_overwrite_recomputes_under_the_new_key(suite):
         ok, text = run(suite, "03_teacher_forcing", ("overwrite", True))
         assert ok, text[-2500:]
         folder = Path(suite["env"]["RLPROBE_OUT"]) / "data" / "mini" / "tokens" / "rlvr_step_1200__vs__dpo"
-        assert storage.read_manifest(folder)["key"]["topk"] == 3
+        assert storage.read_manifest(folder)["key"]["settings"]["topk"] == 3
         assert len(storage.read_table(folder).topk_ids_ref.iloc[0]) == 3
