@@ -35,19 +35,18 @@ from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import keys, lineage, provenance, schemas, storage
 
 # %% tags=["parameters"]
-suite = None
-n_problems = None
-n_samples = None
-max_new_tokens = None
-overwrite = False
+suite: str | None = None
+n_problems: int | None = None
+n_samples: int | None = None
+max_new_tokens: int | None = None
+overwrite: bool = False
 
 # %% [markdown]
 # Parameters come from `params/<suite>/suite.yaml`; the cell above only overrides them.
 # Everything the notebook uses is derived here, once.
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), [
-    "suite", "n_problems", "n_samples", "max_new_tokens", "overwrite"])
+params.check_notebook_parameters(globals())
 P = params.load(suite=suite, overrides={
     "problems.limit": n_problems, "filtering.n_samples": n_samples,
     "filtering.max_new_tokens": max_new_tokens})

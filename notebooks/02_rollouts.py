@@ -34,10 +34,10 @@ from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import lineage, provenance, schemas, storage
 
 # %% tags=["parameters"]
-suite = None
-n_per_problem = None
-max_new_tokens = None
-overwrite = False
+suite: str | None = None
+n_per_problem: int | None = None
+max_new_tokens: int | None = None
+overwrite: bool = False
 
 # %% [markdown]
 # Parameters come from `params/<suite>/suite.yaml`; the cell above only overrides them.
@@ -45,8 +45,7 @@ overwrite = False
 # change of their inputs since (a model, a problem, a threshold) stops here, naming it.
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), [
-    "suite", "n_per_problem", "max_new_tokens", "overwrite"])
+params.check_notebook_parameters(globals())
 P = params.load(suite=suite, overrides={
     "rollouts.n_per_problem": n_per_problem, "rollouts.max_new_tokens": max_new_tokens})
 R = P.rollouts

@@ -39,16 +39,15 @@ from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import lineage, storage
 
 # %% tags=["parameters"]
-suite = None
-checkpoint = "rlvr_step_1200"
-checkpoints = None
-max_rollouts = None
-batch_tokens = None
-overwrite = False
+suite: str | None = None
+checkpoint: str = "rlvr_step_1200"
+checkpoints: list[str] | None = None
+max_rollouts: int | None = None
+batch_tokens: int | None = None
+overwrite: bool = False
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), [
-    "suite", "checkpoint", "checkpoints", "max_rollouts", "batch_tokens", "overwrite"])
+params.check_notebook_parameters(globals())
 P = params.load(suite, checkpoint, overrides={"forcing.max_rollouts": max_rollouts,
                                               "forcing.batch_tokens": batch_tokens})
 OUT = forcing.pair_dir(P.suite, P.checkpoint, P.reference)

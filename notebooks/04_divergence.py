@@ -47,12 +47,12 @@ from rlprobe_nb.suite import params, paths
 from rlprobe_nb.tables import lineage, suite_tables
 
 # %% tags=["parameters"]
-suite = None
-group = "target"
-seed = 0
+suite: str | None = None
+group: str = "target"
+seed: int = 0
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), ["suite", "group", "seed"])
+params.check_notebook_parameters(globals())
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 TOKENS = TOKENS[TOKENS.reference == P.reference]

@@ -40,15 +40,14 @@ from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import lineage, provenance, schemas, suite_tables
 
 # %% tags=["parameters"]
-suite = None
-q = 0.05
-min_effect = 0.1
-divergence = "jeffreys"
-n_top = 12
+suite: str | None = None
+q: float = 0.05
+min_effect: float = 0.1
+divergence: str = "jeffreys"
+n_top: int = 12
 
 # %%
-params.check_notebook_parameters(globals().get("In", []),
-                                  ["suite", "q", "min_effect", "divergence", "n_top"])
+params.check_notebook_parameters(globals())
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 TOKENS = TOKENS[TOKENS.reference == P.reference].reset_index(drop=True)

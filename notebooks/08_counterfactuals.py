@@ -48,19 +48,19 @@ from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import lineage, provenance, suite_tables
 
 # %% tags=["parameters"]
-suite = None
-checkpoint = None
-group = "target"
-n = None
-max_points = None
-grid_points = None
-n_case_studies = None
-temperature = None
-ref_min_pass = None
-caliper = None
-seed = None
-n_boot = 2000
-overwrite = False
+suite: str | None = None
+checkpoint: str | None = None
+group: str = "target"
+n: int | None = None
+max_points: int | None = None
+grid_points: int | None = None
+n_case_studies: int | None = None
+temperature: float | None = None
+ref_min_pass: float | None = None
+caliper: float | None = None
+seed: int | None = None
+n_boot: int = 2000
+overwrite: bool = False
 
 # %% [markdown]
 # `checkpoint` is whose spikes are branched at (None: the final one). The sampling sizes
@@ -68,9 +68,7 @@ overwrite = False
 # given here overrides it and is checked against the same ranges.
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), [
-    "suite", "checkpoint", "group", "n", "max_points", "grid_points", "n_case_studies",
-    "temperature", "ref_min_pass", "caliper", "seed", "n_boot", "overwrite"])
+params.check_notebook_parameters(globals())
 given = {"n": n, "max_points": max_points, "grid_points": grid_points,
          "case_studies": n_case_studies, "temperature": temperature,
          "ref_min_pass": ref_min_pass, "caliper": caliper, "seed": seed}
