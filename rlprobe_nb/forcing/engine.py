@@ -119,7 +119,7 @@ def pending(seqs: SequenceSet, out_dir: Path | None, forwarded: list[HiddenCache
     the others that one of the ``forwarded`` sides' caches lacks."""
     covered: set[str] = set()
     if out_dir is not None:
-        for rollouts in covered_rollouts(storage.parts_on_disk(out_dir)).values():
+        for rollouts in covered_rollouts(storage.parts_on_disk(storage.work_dir(out_dir))).values():
             covered |= rollouts
     need_rows = [s for s in seqs.sequences if out_dir is not None and s.rollout_id not in covered]
     rest = [s for s in seqs.sequences if out_dir is None or s.rollout_id in covered]

@@ -173,7 +173,8 @@ def run_checkpoint(P: Params, seqs: forcing.SequenceSet, ckpt: models.LoadedMode
     worker); compare it with the cached reference as it goes."""
     ensure_cached(P, P.reference, seqs)
     out = forcing.pair_dir(P.suite, P.checkpoint, P.reference)
-    loaded = out / "_prov-checkpoint.json"  # the loaded model's facts, for the manifest
+    # the loaded model's facts, for the manifest, beside the shards of the run
+    loaded = storage.work_dir(out) / "_prov-checkpoint.json"
     cache = needs_cache(P, P.checkpoint)
 
     def load():

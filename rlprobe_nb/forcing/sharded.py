@@ -61,7 +61,7 @@ def run_pair(seqs, names: tuple[str, str], out_dir, load: Callable[[], tuple], *
                    for group in (need_rows, need_cache) if group
                    for part in ([group[i] for i in b.members]
                                 for b in plan_batches(group, batch_tokens, max_sequences))]
-        facts_dir = table.folder if table is not None else next(iter(caches.values())).folder
+        facts_dir = table.work if table is not None else next(iter(caches.values())).folder
 
         def task(share, state):
             ckpt, ref = load()

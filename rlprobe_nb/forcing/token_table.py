@@ -91,8 +91,17 @@ UNIQUE = ["checkpoint", "reference", "rollout_id", "pos"]
 def covered_rollouts(parts: dict) -> dict[str, set[str]]:
     """shard key -> the rollout ids its part holds (read from the parts' own rows)."""
     import pyarrow.parquet as pq
-    return {key: set(pq.read_table(path, columns=["rollout_id"]).column(0).unique().to_pylist())
-            for key, path in parts.items()}
+
+    from rlprobe_nb.tables.storage import DamagedTableError
+    out = {}
+    for key, path in parts.items():
+        try:
+            table = pq.read_table(path, columns=["rollout_id"])
+        except (OSError, pa.ArrowException) as err:
+            raise DamagedTableError(f"{path} cannot be read as parquet ({err}): delete it "
+                                    "and rerun") from err
+        out[key] = set(table.column(0).unique().to_pylist())
+    return out
 
 
 def table_key(seqs: SequenceSet, checkpoint: str, reference: str, topk: int,
