@@ -170,3 +170,23 @@ def test_parameters_of_their_declared_types_pass():
     injected = "# Parameters\noverwrite = True\nn_problems = 3\ncheckpoints = ['a', 'b']\n"
     params.check_notebook_parameters(notebook(injected, overwrite=True, n_problems=3,
                                               checkpoints=["a", "b"]))
+
+
+# issue 22 item 7: values that would run, but not as anyone meant
+@pytest.mark.parametrize("file,change,says", [
+    ("suite.yaml", lambda d: d["rollouts"].update(temperatures=[]), "the list is empty"),
+    ("suite.yaml", lambda d: d["filtering"].update(n_samples=0), "outside the allowed range"),
+    ("suite.yaml", lambda d: d["forcing"].update(groups=[]), "the list is empty"),
+    ("suite.yaml", lambda d: d["forcing"].update(groups=["target", "target"]),
+     "appear more than once"),
+    ("suite.yaml", lambda d: d["forcing"].update(pairs=[["rlvr_step_400", "rlvr_step_400"]]),
+     "two different models"),
+    ("suite.yaml", lambda d: d.update(target=d["reference"]), "'reference' and 'target' are both"),
+    ("rlvr_step_400.yaml", lambda d: d.update(step=-400), "is negative"),
+    ("rlvr_step_400.yaml", lambda d: d.update(step=800), "share step 800"),
+])
+def test_questionable_values_are_refused(params_copy, file, change, says):
+    edit(params_copy / "demo" / file, change)
+    with pytest.raises(params.ParamsError, match=re.escape(says)) as err:
+        params.load("demo")
+    assert "demo" in str(err.value)

@@ -58,6 +58,7 @@ from rlprobe_nb.forcing.hidden_cache import HiddenCache
 from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
 from rlprobe_nb.forcing.token_table import UNIQUE, covered_rollouts, rows_table, table_key
 from rlprobe_nb.forcing.transfer import DeviceCopy, HostCopy
+from rlprobe_nb.generation.out_of_memory import halving_on_oom, is_out_of_memory
 from rlprobe_nb.progress import tqdm
 from rlprobe_nb.suite import paths, tokenizers
 from rlprobe_nb.tables import keys, lineage, schemas, storage
@@ -327,10 +328,8 @@ class _PairRun:
     def _forward(self, model, ids, mask, rows) -> torch.Tensor:
         try:
             return forward_hidden(model, ids, mask, rows)
-        except torch.OutOfMemoryError:
-            raise
         except Exception as err:  # noqa: BLE001 - a compiler failure: go on eager
-            if id(model) not in self.compiled:
+            if is_out_of_memory(err) or id(model) not in self.compiled:
                 raise
             warnings.warn(f"compiled decoder layers failed ({err!r}); forwarding eager")
             compile_layers(self.compiled.pop(id(model)), enable=False)
@@ -348,8 +347,6 @@ class _PairRun:
     # the whole run -----------------------------------------------------------------
     def run(self, batch_tokens: int) -> None:
         """The loop with head saving alongside, compiled layers, and the OOM back-off."""
-        from accelerate.utils import find_executable_batch_size
-
         # models whose layers the caller compiled already are left as they are
         self.compiled = {id(s.model): s.model for s in self.sides
                          if s.model is not None and self.compiled_layers
@@ -361,22 +358,18 @@ class _PairRun:
                  if s.model is not None and c is not None and not c.has_head()
                  and (self.share is None or self.share.saves_heads)]
 
-        def halve() -> int:
-            size = self.batch_sizes[-1] // 2
-            warnings.warn(f"out of memory at batch_tokens={self.batch_sizes[-1]}: retrying at "
-                          f"{size} (finished shards are kept)")
-            return size
+        def halved(old: int, new: int) -> str:
+            return f"out of memory at batch_tokens={old}: retrying at {new} (finished shards are kept)"
 
         try:
             for model in self.compiled.values():
                 compile_layers(model)
             self.t0 = time.perf_counter()
-            find_executable_batch_size(self.loop, starting_batch_size=batch_tokens,
-                                       reduce_batch_size_fn=halve)()
+            halving_on_oom(self.loop, batch_tokens, halved)
             for f in saves:
                 f.result()
-        except RuntimeError as err:
-            if "No executable batch size" not in str(err):
+        except Exception as err:
+            if not is_out_of_memory(err):
                 raise
             raise MemoryError(f"out of memory even at batch_tokens=1 (one sequence a batch): "
                               f"lower chunk_positions ({self.chunk_positions}) or use a device "

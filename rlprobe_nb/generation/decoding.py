@@ -61,7 +61,7 @@ import torch
 
 from rlprobe_nb.generation import fused_projections, sampling
 from rlprobe_nb.generation.hf_generate import hf_generate
-from rlprobe_nb.generation.out_of_memory import halving_on_oom
+from rlprobe_nb.generation.out_of_memory import halving_on_oom, is_out_of_memory
 from rlprobe_nb.generation.slot_cache import SlotCache, slot_attention
 
 SLOT_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
@@ -204,7 +204,7 @@ class _Slots:
                 graphs[span] = (graph, out)
             self.graphs = graphs
         except Exception as err:  # noqa: BLE001 - capture is an optimisation: go on eager
-            if isinstance(err, torch.cuda.OutOfMemoryError):
+            if is_out_of_memory(err):
                 raise
             if self.model_step is not self._forward:
                 raise RuntimeError(
@@ -404,8 +404,9 @@ def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
         try:
             _engine(model, min(size, len(queue)), length, eos, graphs, compiled).run(
                 queue, results, on_result)
-        except torch.cuda.OutOfMemoryError:
-            release()
+        except Exception as err:
+            if is_out_of_memory(err):
+                release()  # the next, smaller engine needs the memory this one holds
             raise
 
     previous = model.config._attn_implementation

@@ -125,7 +125,7 @@ CHOICES = {
 RANGES = {
     "problems.n": (1, None), "problems.limit": (1, None),
     "grading.timeout_s": (0.01, 3600.0), "grading.workers": (1, 256),
-    "filtering.n_samples": (0, None), "filtering.temperature": (0.0, 10.0),
+    "filtering.n_samples": (1, None), "filtering.temperature": (0.0, 10.0),
     "filtering.max_new_tokens": (1, None), "filtering.batch_size": (1, None),
     "filtering.ref_max_pass": (0.0, 1.0), "filtering.target_min_pass": (0.0, 1.0),
     "filtering.control_ref_min_pass": (0.0, 1.0), "filtering.control_target_max_pass": (0.0, 1.0),
@@ -140,6 +140,10 @@ RANGES = {
     "counterfactuals.batch_rows": (1, None),
 }
 
+# Lists that must hold at least one value, each at most once (an empty list of
+# temperatures or groups would leave nothing to sample or force; a repeated one counts twice).
+NONEMPTY_UNIQUE = {"rollouts.temperatures", "forcing.groups", "forcing.failure_types"}
+
 # Suite, model and checkpoint names become folder names: plain names only.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
@@ -149,6 +153,16 @@ def check_name(name: Any, what: str, where: str = "") -> str:
         raise ParamsError(f"{where + ': ' if where else ''}{what} {name!r} is not a plain name "
                           "(letters, digits, '_', '-', '.'; no '/' or '..'): it names folders")
     return name
+
+
+def _check_list(value: Any, dotted: str, where: str) -> None:
+    if dotted not in NONEMPTY_UNIQUE:
+        return
+    if not value:
+        raise ParamsError(f"{where}: the list is empty; give at least one value")
+    repeated = sorted({str(v) for v in value if value.count(v) > 1})
+    if repeated:
+        raise ParamsError(f"{where}: {repeated} appear more than once; list each value once")
 
 
 def _check_range(value: Any, dotted: str, where: str) -> None:
@@ -244,6 +258,7 @@ def build_section(cls, raw: Any, source: str, section: str, base=None):
             if choices and v not in choices:
                 raise ParamsError(f"{where}: {v!r} is not one of {list(choices)}")
         _check_range(value, f"{section}.{key}", where)
+        _check_list(value, f"{section}.{key}", where)
         values[key] = value
     return cls(**values)
 

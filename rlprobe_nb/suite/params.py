@@ -176,9 +176,24 @@ def _load_checkpoints(folder: Path, models: dict, suite_file: Path) -> tuple[dic
         if "model" not in data or "step" not in data:
             raise ParamsError(f"{f}: a checkpoint file needs 'step' and 'model'")
         steps[name] = check_type(data["step"], int, f"{f}: key 'step'")
+        if steps[name] < 0:
+            raise ParamsError(f"{f}: key 'step': {steps[name]} is negative; a checkpoint's "
+                              "step counts RL updates from 0")
         models[name] = check_model(name, data["model"], str(f))
         ckpt_raw[name] = data
+    _check_steps_distinct(steps, folder)
     return steps, ckpt_raw
+
+
+def _check_steps_distinct(steps: dict[str, int], folder: Path) -> None:
+    by_step: dict[int, list[str]] = {}
+    for name, step in steps.items():
+        by_step.setdefault(step, []).append(name)
+    shared = {step: names for step, names in by_step.items() if len(names) > 1}
+    if shared:
+        step, names = sorted(shared.items())[0]
+        raise ParamsError(f"{folder}: checkpoints {names} share step {step}; each checkpoint "
+                          "of a run has its own step (charts and tests order them by it)")
 
 
 def read_files(suite: Optional[str] = None) -> SuiteFiles:
@@ -247,18 +262,22 @@ def _sections(files: SuiteFiles, checkpoint: Optional[str]) -> tuple[dict, list[
 
 
 def _check_roles_and_pairs(raw: dict, sections: dict, models: dict, suite_file: Path) -> str:
-    """The roles and every pair name models of the suite. Returns the prompt template."""
+    """The roles name models of the suite, two different ones; every pair names two
+    different models. Returns the prompt template."""
     for role in ("reference", "target"):
         name = raw.get(role)
         if not isinstance(name, str) or name not in models:
             raise ParamsError(f"{suite_file}: key '{role}': {name!r} is not a model of the "
                               f"suite; valid: {sorted(models)}")
+    if raw["reference"] == raw["target"]:
+        raise ParamsError(f"{suite_file}: 'reference' and 'target' are both {raw['target']!r}; "
+                          "the target is the model the reference is compared with: name another")
     for i, pair in enumerate(sections["forcing"].pairs):
         bad = [m for m in pair if m not in models]
-        if len(pair) != 2 or bad:
+        if len(pair) != 2 or bad or pair[0] == pair[1]:
             raise ParamsError(
-                f"{suite_file}: key 'forcing.pairs[{i}]': expected [checkpoint, reference] "
-                f"of known models, got {pair}; valid models: {sorted(models)}")
+                f"{suite_file}: key 'forcing.pairs[{i}]': expected [checkpoint, reference], two "
+                f"different models of the suite, got {pair}; valid models: {sorted(models)}")
     template = raw.get("prompt_template", DEFAULT_TEMPLATE)
     if not isinstance(template, str) or "{problem}" not in template:
         raise ParamsError(f"{suite_file}: key 'prompt_template' must be a string with '{{problem}}'")
