@@ -1,15 +1,23 @@
-"""Nothing stale is served as current (issue 9, acceptance 2): a small suite is run through
-01 -> 02 -> 03 with papermill, then each input is changed in turn — the reference's
-weights, the RLVR adapter, the tokenizer's chat template, a gold answer, a problem's text,
-top-k, max_rollouts, the configured pairs, the grader's version — and the notebook that
-depends on it must recompute or refuse, naming the difference. Unchanged, every notebook
-reuses its table without loading a model."""
+"""Nothing stale is served as current (issue 9, acceptance 2; issue 22, acceptance 2 and
+3): a small suite is run through 01 -> 02 -> 03 with papermill, then each input is
+changed in turn — the reference's weights (a GGUF model's converted copy), the RLVR
+adapter, the tokenizer's files and chat template, a gold answer, a problem's text, top-k,
+max_rollouts, the configured pairs, a source file of the grader or of a stage — and the
+notebook that depends on it must recompute or refuse, naming the difference. Unchanged,
+every notebook reuses its table without loading a model, saying so once. `-p overwrite
+false` never overwrites; a part copied in from another run is refused; a standard reader
+never opens a half-written table, even while 03 is killed mid-way."""
 
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from test_notebooks import outputs, papermill
@@ -23,12 +31,13 @@ LOADS = "Loading weights"
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    """The demo models as a local folder (reference) and a copied adapter (target), problems
-    from a file, everything small; 01, 02 and 03 run once."""
+    """The demo model as a GGUF reference whose converted copy lives in a private cache
+    (so a test may change it), a copied adapter (target), problems from a file, everything
+    small; 01, 02 and 03 run once."""
     root = tmp_path_factory.mktemp("stale")
-    ref = root / "models" / "dpo"
-    shutil.copytree(gguf_cache.convert_gguf(gguf_cache.demo_gguf_path(),
-                                            paths.cache_dir() / "models"), ref)
+    gguf = gguf_cache.demo_gguf_path()
+    ref = gguf_cache.cache_entry(gguf, root / "cache" / "models")
+    shutil.copytree(gguf_cache.convert_gguf(gguf, paths.cache_dir() / "models"), ref)
     adapter = root / "models" / "rlvr"
     shutil.copytree(paths.shipped_dir("demo") / "adapters" / "rlvr_step_1200", adapter)
     problems = root / "problems.jsonl"
@@ -39,7 +48,7 @@ def suite(tmp_path_factory):
     params.mkdir(parents=True)
     (params / "suite.yaml").write_text(yaml.safe_dump({
         "suite": "mini", "reference": "dpo", "target": "rlvr_step_1200",
-        "models": {"dpo": {"kind": "local", "path": str(ref)}},
+        "models": {"dpo": {"kind": "gguf", "path": str(gguf)}},
         "problems": {"source": "file", "path": str(problems)},
         "grading": {"timeout_s": 5.0, "workers": 1},
         "filtering": {"n_samples": 1, "max_new_tokens": 24, "batch_size": 8,
@@ -51,7 +60,7 @@ def suite(tmp_path_factory):
     (params / "rlvr_step_1200.yaml").write_text(yaml.safe_dump(
         {"step": 1200, "model": {"kind": "peft", "base": "dpo", "path": str(adapter)}}))
     env = {**os.environ, "RLPROBE_OUT": str(root / "out"),
-           "RLPROBE_PARAMS": str(root / "params")}
+           "RLPROBE_PARAMS": str(root / "params"), "RLPROBE_CACHE": str(root / "cache")}
     s = {"root": root, "ref": ref, "adapter": adapter, "problems": problems,
          "yaml": params / "suite.yaml", "env": env}
     for nb in ("01_filtering", "02_rollouts", "03_teacher_forcing"):
@@ -105,12 +114,16 @@ def flip_a_byte(path):
 
 @pytest.mark.parametrize("what,notebook,file,edit,named", [
     ("reference weights", "01_filtering", "ref/model.safetensors", flip_a_byte,
-     "models.dpo.files.model.safetensors"),
+     "models.dpo.converted.model.safetensors"),
     ("adapter weights", "03_teacher_forcing", "adapter/adapter_model.safetensors", flip_a_byte,
      "models.rlvr_step_1200.files.adapter_model.safetensors"),
     ("chat template", "02_rollouts", "ref/tokenizer_config.json",
      lambda p: p.write_text(p.read_text().replace("<|im_start|>", "<|im_start|> ", 1)),
-     "dpo.files.tokenizer_config.json"),
+     "dpo.converted.tokenizer_config.json"),
+    *[(f"GGUF chat template ({nb})", nb, "ref/chat_template.jinja",
+       lambda p: p.write_text(p.read_text().replace("<|im_start|>", "<|im_start|> ", 1)),
+       "models.dpo.converted.chat_template.jinja")
+      for nb in ("01_filtering", "02_rollouts", "03_teacher_forcing")],
     ("gold answer", "02_rollouts", "problems",
      lambda p: p.write_text(p.read_text().replace('"answer": "42"', '"answer": "41"')),
      "files.problems.path"),
@@ -146,7 +159,7 @@ def changed_code(root: Path, edits: dict[str, tuple[str, str]]) -> dict:
         f = copy / "rlprobe_nb" / name
         assert old in f.read_text(), (name, old)
         f.write_text(f.read_text().replace(old, new, 1))
-    return {"PYTHONPATH": str(copy), "RLPROBE_CACHE": str(paths.cache_dir())}
+    return {"PYTHONPATH": str(copy)}
 
 
 @pytest.mark.parametrize("notebook,file,old,new", [
@@ -171,6 +184,109 @@ def test_changed_pairs_compute_the_new_pair_and_reuse_the_rest(suite):
     assert "reusing" in text and "pair:" in text, text
     folder = Path(suite["env"]["RLPROBE_OUT"]) / "data" / "mini" / "tokens" / "dpo__vs__rlvr_step_1200"
     assert storage.is_complete(folder)
+
+
+TOKENS = ("tokens", "rlvr_step_1200__vs__dpo")
+
+
+def data(suite) -> Path:
+    return Path(suite["env"]["RLPROBE_OUT"]) / "data" / "mini"
+
+
+@pytest.mark.parametrize("notebook", ["02_rollouts", "03_teacher_forcing"])
+def test_overwrite_false_is_refused_never_taken_for_true(suite, notebook):
+    """papermill passes `-p overwrite false` as the string "false"."""
+    before = storage.read_manifest(data(suite).joinpath(*TOKENS))["key_sha"]
+    extra = [("checkpoint", "rlvr_step_1200")] if notebook.startswith("03") else []
+    with changed(suite["yaml"], edit_yaml(lambda d: d["forcing"].update(topk=6))):
+        result = papermill(f"{notebook}.ipynb", suite["root"] / "o.ipynb", ("suite", "mini"),
+                           *extra, ("overwrite", "false"), env=suite["env"])
+        text = outputs(suite["root"] / "o.ipynb")
+    assert result.returncode != 0 and "notebook parameter 'overwrite'" in text, text[-2000:]
+    assert storage.read_manifest(data(suite).joinpath(*TOKENS))["key_sha"] == before
+
+
+def test_a_divergence_source_change_makes_04s_tables_stale(suite, tmp_path):
+    """Chapter 04's tables key on divergence/'s source files: a table written by other
+    code than the current one is refused, naming the file."""
+    ok, text = run(suite, "04_divergence")
+    assert ok, text[-3000:]
+    check = ("from rlprobe_nb.suite import params\nfrom rlprobe_nb.tables import lineage\n"
+             "lineage.read_current(params.load('mini'), 'divergence_when')\nprint('CURRENT')\n")
+    env = {**suite["env"], **changed_code(tmp_path, {"divergence/summary.py": ("\n", "\n# x\n")})}
+    changed_run = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
+                                 text=True, timeout=600)
+    assert changed_run.returncode != 0, changed_run.stdout
+    assert "code.files.divergence/summary.py" in changed_run.stderr, changed_run.stderr[-2000:]
+    same = subprocess.run([sys.executable, "-c", check], env={
+        **suite["env"], "PYTHONPATH": str(paths.REPO_ROOT)}, capture_output=True, text=True,
+        timeout=600)
+    assert "CURRENT" in same.stdout, same.stderr[-2000:]
+
+
+SLOW_SHARDS = """
+import time
+from rlprobe_nb.tables import storage
+_write = storage.ShardedTable.write_shard
+def _slow(self, key, df):
+    time.sleep(1.0)
+    return _write(self, key, df)
+storage.ShardedTable.write_shard = _slow
+"""
+
+
+def readable_tables(root: Path) -> dict[str, tuple[int, int | None]]:
+    """Every folder under ``root`` a standard reader opens: (rows it read, rows its
+    manifest says)."""
+    seen = {}
+    for folder in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
+        try:
+            rows = len(pd.read_parquet(folder))
+        except Exception:  # noqa: BLE001 - not a table a reader can open
+            continue
+        man = folder / storage.MANIFEST
+        seen[str(folder.relative_to(root))] = (rows, storage.read_json(man)["rows"]
+                                               if man.exists() else None)
+    return seen
+
+
+def test_a_run_of_03_killed_midway_leaves_no_half_table_and_adopts_no_foreign_part(suite, tmp_path):
+    """While 03 recomputes the token table (top-k 3, overwrite) and is killed mid-way,
+    every folder a standard reader can open holds a complete table; a part of the old
+    table copied into the unfinished run is refused; without it the run resumes."""
+    (tmp_path / "sitecustomize.py").write_text(SLOW_SHARDS)
+    env = {**suite["env"], "PYTHONPATH": os.pathsep.join([str(tmp_path), str(paths.REPO_ROOT)])}
+    table = data(suite).joinpath(*TOKENS)
+    work = storage.work_dir(table)
+    with changed(suite["yaml"], edit_yaml(lambda d: d["forcing"].update(topk=3))):
+        args = [sys.executable, "-m", "papermill", "--no-progress-bar",
+                str(paths.notebooks_dir() / "03_teacher_forcing.ipynb"), str(tmp_path / "o.ipynb"),
+                "-p", "suite", "mini", "-p", "overwrite", "True", "-p", "batch_tokens", "48"]
+        proc = subprocess.Popen(args, env=env, cwd=paths.REPO_ROOT, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline, seen = time.time() + 900, []
+        while not list(work.glob("part-*.parquet")):
+            assert proc.poll() is None and time.time() < deadline, "03 wrote no part in time"
+            seen.append(readable_tables(data(suite)))
+            time.sleep(0.2)
+        seen.append(readable_tables(data(suite)))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        seen.append(readable_tables(data(suite)))
+        for snapshot in seen:
+            for folder, (rows, listed) in snapshot.items():
+                assert rows == listed, (folder, rows, listed)  # complete, or not openable
+        assert "/".join(TOKENS) in seen[-1] and storage.read_manifest(table)["rows"]
+        old_part = next(table.glob("part-*.parquet"))  # the complete top-k 5 table
+        foreign = work / old_part.name
+        shutil.copy(old_part, foreign)
+        ok, text = run(suite, "03_teacher_forcing", ("overwrite", True))
+        assert not ok and "belongs to another table" in text and old_part.name in text, text[-2500:]
+        foreign.unlink()
+        ok, text = run(suite, "03_teacher_forcing", ("overwrite", True))
+        assert ok, text[-2500:]
+        assert storage.read_manifest(table)["key"]["settings"]["topk"] == 3
+        assert len(storage.read_table(table).topk_ids_ref.iloc[0]) == 3
 
 
 def test_overwrite_recomputes_under_the_new_key(suite):
