@@ -3,6 +3,7 @@ manifest, verified on read, keyed by everything their rows depend on.
 
   schemas       one schema per table, defined once
   storage       tables on disk: parts, manifests, resume, verified reads
+  parts         the hidden working folder; what ties a part to its table
   atomic        files written atomically
   tensor_files  tensors in safetensors files (hidden-state caches)
   locks         one writer at a time per folder
