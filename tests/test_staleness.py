@@ -223,7 +223,7 @@ def test_a_divergence_source_change_makes_04s_tables_stale(suite, tmp_path):
 
     def python(code, env):
         return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                              text=True, timeout=600)
+                              text=True, timeout=600, cwd=tmp_path)  # not the checkout's package
     for writer, reader in ((here, edited), (edited, here)):
         done = python(write, writer)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -245,10 +245,13 @@ storage.ShardedTable.write_shard = _slow
 
 
 def readable_tables(root: Path) -> dict[str, tuple[int, int | None]]:
-    """Every folder under ``root`` a standard reader opens: (rows it read, rows its
-    manifest says)."""
+    """Every table folder under ``root`` a standard reader opens: (rows it read, rows its
+    manifest says). Hidden folders (a run's working folder, a writer's lock) are no table
+    folders: standard readers skip them as they skip hidden files."""
     seen = {}
-    for folder in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
+    folders = [p for p in root.rglob("*") if p.is_dir()
+               and not any(part.startswith(".") for part in p.relative_to(root).parts)]
+    for folder in [root, *folders]:
         try:
             rows = len(pd.read_parquet(folder))
         except Exception:  # noqa: BLE001 - not a table a reader can open

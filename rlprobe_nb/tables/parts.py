@@ -25,6 +25,14 @@ from rlprobe_nb.tables.locks import LOCK_FILE
 TABLE_KEY = b"rlprobe_nb.table_key"  # a part's parquet metadata: its table's key hash
 
 
+def lock_dir(folder: str | os.PathLike) -> Path:
+    """Where a table's writer lock lives: a hidden folder beside it, which outlives both
+    the working folder and the table it replaces (a lock inside either would be renamed
+    or deleted under the process holding it)."""
+    folder = Path(folder)
+    return folder.parent / f".{folder.name}.lock"
+
+
 def work_dir(folder: str | os.PathLike) -> Path:
     """Where a table is written until it is complete: a hidden folder beside it."""
     folder = Path(folder)

@@ -60,6 +60,7 @@ from rlprobe_nb.tables.parts import (  # noqa: F401
     TABLE_KEY,
     check_parts_belong,
     clear_files,
+    lock_dir,
     part_table_key,
     parts_checksum,
     publish,
@@ -151,7 +152,7 @@ def write_table(folder: str | os.PathLike, df: pd.DataFrame, schema: pa.Schema,
     lock, then rename it into place."""
     folder = Path(folder)
     work = work_dir(folder)
-    with writer_lock(work):
+    with writer_lock(lock_dir(folder)):
         clear_files(work)
         _check_unique(df.to_pandas() if isinstance(df, pa.Table) else df, unique, folder)
         _write_part(work, "00000", df, schema, key_sha_of(key))
@@ -380,7 +381,7 @@ class ShardedTable:
 
     def _lock(self, what: str) -> None:
         if self._release is None:
-            self._release = acquire_lock(self.work, what)
+            self._release = acquire_lock(lock_dir(self.folder), what)
 
     def release(self) -> None:
         if self._release is not None:
