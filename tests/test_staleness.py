@@ -245,13 +245,15 @@ storage.ShardedTable.write_shard = _slow
 
 
 def readable_tables(root: Path) -> dict[str, tuple[int, int | None]]:
-    """Every table folder under ``root`` a standard reader opens: (rows it read, rows its
-    manifest says). Hidden folders (a run's working folder, a writer's lock) are no table
-    folders: standard readers skip them as they skip hidden files."""
+    """Every table folder under ``root`` (a folder holding parquet files) that a standard
+    reader opens: (rows it read, rows its manifest says). Hidden folders (a run's working
+    folder, a writer's lock) are no table folders: standard readers skip them as they skip
+    hidden files."""
     seen = {}
-    folders = [p for p in root.rglob("*") if p.is_dir()
-               and not any(part.startswith(".") for part in p.relative_to(root).parts)]
-    for folder in [root, *folders]:
+    for folder in [p for p in root.rglob("*") if p.is_dir()]:
+        if any(part.startswith(".") for part in folder.relative_to(root).parts) \
+                or not any(folder.glob("*.parquet")):
+            continue
         try:
             rows = len(pd.read_parquet(folder))
         except Exception:  # noqa: BLE001 - not a table a reader can open
