@@ -104,9 +104,9 @@ def _finish_pair(seqs, names, table, caches, facts_dir, provenance, suite, ran: 
     side_facts = {f["name"]: f for f in merged.get("sides", [])}
     for name, cache in caches.items():
         cache.finish(seqs, {"model": side_facts.get(name, {"name": name})})
+    for f in files:  # read: gone before the working folder becomes the table
+        f.unlink()
     if table is not None:
         table.finish({**(provenance or {}), "table": "tokens", "suite": suite,
                       "checkpoint": names[0], "reference": names[1], "engine": merged},
                      sorted(table.done()))
-    for f in files:
-        f.unlink()

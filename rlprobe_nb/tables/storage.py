@@ -399,14 +399,21 @@ class ShardedTable:
         run = self.work / RUN_FILE
         return read_json(run).get("key_sha") if run.exists() else None
 
+    def _complete(self) -> bool:
+        """The table is in place, complete, with this run's key, and no run is open."""
+        return not self.work.exists() and is_complete(self.folder) \
+            and read_json(self.folder / MANIFEST).get("key_sha") == self.key_sha()
+
     def done(self) -> set[str]:
-        return set(parts_on_disk(self.work))
+        return set(parts_on_disk(self.folder if self._complete() else self.work))
 
     def write_shard(self, key: str, df: pd.DataFrame | pa.Table) -> Path:
         return _write_part(self.work, key, df, self.schema, self.key_sha())
 
     def finish(self, manifest: dict, expected: list[str]) -> Path:
         try:
+            if self._complete() and self.done() == set(expected):
+                return self.folder  # finished before: nothing was written this time
             missing = sorted(set(expected) - self.done())
             if missing:
                 raise RuntimeError(f"{self.folder}: {len(missing)} shards missing, e.g. {missing[:3]}")
