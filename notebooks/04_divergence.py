@@ -44,15 +44,15 @@ from rlprobe_nb.divergence import charts, summary, token_categories
 from rlprobe_nb.divergence import entropy_concentration as entropy
 from rlprobe_nb.divergence import estimator_lab as lab
 from rlprobe_nb.suite import params, paths
-from rlprobe_nb.tables import suite_keys, suite_tables
+from rlprobe_nb.tables import lineage, suite_tables
 
 # %% tags=["parameters"]
-suite = None
-group = "target"
-seed = 0
+suite: str | None = None
+group: str = "target"
+seed: int = 0
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), ["suite", "group", "seed"])
+params.check_notebook_parameters(globals())
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 TOKENS = TOKENS[TOKENS.reference == P.reference]
@@ -140,7 +140,7 @@ views.show(charts.position_chart(POSITION, group), save_as=FIGURES / "04_positio
 # probability.
 
 # %%
-ROLLOUTS, _ = suite_keys.read_current(P, "rollouts")
+ROLLOUTS, _ = lineage.read_current(P, "rollouts")
 TEXTS = dict(zip(ROLLOUTS.rollout_id, ROLLOUTS.response))
 CATEGORY = token_categories.classify(TOKENS, texts=TEXTS)
 CATEGORIES = summary.category_table(TOKENS, CATEGORY, seed=seed)
