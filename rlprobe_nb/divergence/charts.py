@@ -69,7 +69,8 @@ def when_chart(when: pd.DataFrame, per_problem: pd.DataFrame, group: str = "targ
         front = _estimate_with_interval(means, x, LABELS[m])
         panels.append(alt.layer(behind, front).properties(
             width=WIDTH, height=HEIGHT, title=SHORT[m].split(":")[0]))
-    top = alt.hconcat(*panels)
+    # two panels a row: four in one row (1,338 px) were cut off in a 1280-px window
+    top = alt.vconcat(*[alt.hconcat(*panels[i:i + 2]) for i in range(0, len(panels), 2)])
     if accuracy is None:
         return top.properties(
             title=f"Mean per token, group {group!r} (95% intervals over problems)")

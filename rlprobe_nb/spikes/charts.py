@@ -161,8 +161,11 @@ def new_persistent_chart(per_step: pd.DataFrame, accuracy: pd.DataFrame | None =
     accuracy and optionally low, high) on the same step axis."""
     import altair as alt
 
-    x = alt.X("step:Q", title="RL step", scale=alt.Scale(domain=[0, float(per_step.step.max()
-                                                                         if len(per_step) else 1)]))
+    steps = [float(per_step.step.max())] if len(per_step) else []
+    if accuracy is not None and len(accuracy):  # the axis is shared: every curve's steps fit
+        steps.append(float(accuracy.step.max()))
+    last = max(steps, default=0.0)
+    x = alt.X("step:Q", title="RL step", scale=alt.Scale(domain=[0, last or 1.0]))
     colour = alt.Color(f"{by}:N", title=by) if by in per_step else alt.value("#555")
     bars = alt.Chart(per_step, title="new persistent spikes per step").mark_bar(size=14).encode(
         x=x, y=alt.Y("new_persistent:Q", title="new persistent spikes (contexts)"),
