@@ -26,6 +26,8 @@
 # across the training steps.
 
 # %%
+from typing import Optional
+
 from rlprobe_nb import views
 from rlprobe_nb.spikes import (
                                   across_steps,
@@ -36,15 +38,16 @@ from rlprobe_nb.spikes import (
                                   summary,
                                   table,
 )
+from rlprobe_nb.render import viewer_links
 from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import lineage, provenance, schemas, suite_tables
 
 # %% tags=["parameters"]
-suite: str | None = None
-q: float = 0.05
-min_effect: float = 0.1
-divergence: str = "jeffreys"
-n_top: int = 12
+suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
+q: float = 0.05  # false discovery rate of the test (Benjamini-Hochberg, per checkpoint)
+min_effect: float = 0.1  # smallest divergence that can be a spike, nats
+divergence: str = "jeffreys"  # the divergence tested: jeffreys (KL both ways summed), kl_ref_ckpt, kl_ckpt_ref or js
+n_top: int = 12  # rows of the tables of strongest spikes and departures
 
 # %%
 params.check_notebook_parameters(globals())
@@ -183,10 +186,11 @@ views.show(charts.new_persistent_chart(per_step, accuracy=accuracy),
 # At the last checkpoint, the first response token left out (it depends on the prompt
 # alone): the sentence around the token (in [brackets]), what it did to the written
 # token, and the token the checkpoint moved probability to, with its probability under
-# the reference (blank when outside the reference's top-k) and the checkpoint.
+# the reference (blank when outside the reference's top-k) and the checkpoint. Each row
+# links to the viewer (chapter 07) at its token.
 
 # %%
-table.top_spikes(spikes, n=n_top)
+viewer_links.with_links(table.top_spikes(spikes, n=n_top))
 
 # %% [markdown]
 # What the detector ranks highest at the last checkpoint, spike or not: the contexts with
@@ -195,7 +199,7 @@ table.top_spikes(spikes, n=n_top)
 # more power; chapter 06 then shows the strongest departures, labelled as such.
 
 # %%
-table.strongest_departures(tests, n=n_top)
+viewer_links.with_links(table.strongest_departures(tests, n=n_top))
 
 # %% [markdown]
 # Adjacent spikes merged into regions of text, for the case studies of chapter 06.
