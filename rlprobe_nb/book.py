@@ -206,6 +206,10 @@ def export_html(executed: Path, pages: list[navigation.Page] | None = None) -> t
     from rlprobe_nb.tables.storage import atomic_write_text
 
     nb = without_widget_views(nbformat.read(executed, 4))
+    for cell in nb.cells:  # before nbconvert re-serialises the page (attributes reordered)
+        for output in cell.get("outputs", []):
+            if "text/html" in output.get("data", {}):
+                output["data"]["text/html"] = viewer_links.for_exported_page(output["data"]["text/html"])
     n_charts = charts.embed_charts(nb)
     code_cells.tag_inputs(nb)
     stem = executed.stem
@@ -215,7 +219,6 @@ def export_html(executed: Path, pages: list[navigation.Page] | None = None) -> t
     resources = {"rp": {"head": navigation.NAV_CSS + code_cells.CSS + charts.page_head(n_charts), "top": top,
                         "bottom": navigation.nav_html(pages, stem, bottom=True) if listed else ""}}
     body, _ = offline_exporter().from_notebook_node(nb, resources=resources)
-    body = viewer_links.for_exported_page(body)
     return atomic_write_text(executed.with_suffix(".html"), body), network_references(body)
 
 

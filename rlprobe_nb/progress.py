@@ -6,8 +6,9 @@ offline the bar is an empty box. The book's own loops use ``tqdm`` from here ins
 tqdm's plain-text bar everywhere, which in a kernel writes to stdout (stderr shows as an
 alarming red block in a notebook) and refreshes at most every ``KERNEL_MININTERVAL``
 seconds, since every refresh is kept in the notebook's output. Inside a kernel every bar
-also keeps its final line (``leave=True`` whatever the caller asked): a page cannot redraw,
-so a bar that erased itself at the end would leave its first state, or nothing, behind.
+also keeps its final line (``leave=True`` whatever the caller asked) and draws on the
+current line (``position=0``: a nested bar's cursor moves are not understood by a notebook
+and left the outer bar's first state behind): an exported page shows each bar's final state.
 
 The libraries' own bars are switched by ``quiet_library_progress()``, which importing
 this module runs once inside a kernel:
@@ -44,6 +45,7 @@ class tqdm(_text_tqdm):
             kwargs.setdefault("file", sys.stdout)
             kwargs.setdefault("mininterval", KERNEL_MININTERVAL)
             kwargs["leave"] = True
+            kwargs["position"] = 0
         super().__init__(*args, **kwargs)
 
 

@@ -92,34 +92,47 @@ def nav_html(pages: list[Page], stem: str, extra: str = "", bottom: bool = False
             f'{_a(before, "←", "prev")}<span class="rp-spacer"></span>{_a(after, "→", "next")}{extra}</nav>')
 
 
+def _heading(title: str, href: str | None) -> str:
+    text = html.escape(title)
+    return f'<a href="{href}">{text}</a>' if href else f"{text} <i>(not run yet)</i>"
+
+
 def index_html(suite: str, pages: list[Page], figures: Path, headlines: dict[str, list[str]]) -> str:
-    """The index page of a suite: every chapter in order with its pages and headline numbers
+    """The index page of a suite: every chapter in order, its title linking its page (a
+    chapter run once per checkpoint lists its runs), and its headline numbers
     (``headlines``: page stem -> HTML sentences whose numbers carry their source)."""
-    rows, seen = [], []
+    chapters: list[tuple[str, str, list[Page]]] = []
     for page in pages:
-        exists = (figures / f"{page.stem}.html").exists()
-        name = html.escape(page.detail or "the chapter")
-        link = f'<a href="{page.stem}.html">{name}</a>' if exists else f"{name} <i>(not run yet)</i>"
-        facts = " ".join(headlines.get(page.stem, []))
-        entry = f'<li data-stem="{html.escape(page.stem)}">{link}{": " + facts if facts else ""}</li>'
-        if seen and seen[-1][0] == page.chapter:
-            seen[-1][2].append(entry)
+        if chapters and chapters[-1][0] == page.chapter:
+            chapters[-1][2].append(page)
         else:
-            seen.append((page.chapter, page.title, [entry]))
-    for chapter, title, entries in seen:
-        number, _, rest = title.partition("·")
-        heading = html.escape(title) if not rest else f"{html.escape(number.strip())} · {html.escape(rest.strip())}"
-        rows.append(f'<section class="rp-chapter" data-chapter="{html.escape(chapter)}"><h2>{heading}</h2>'
-                    f"<ul>{''.join(entries)}</ul></section>")
+            chapters.append((page.chapter, page.title, [page]))
+    sections = []
+    for chapter, title, runs in chapters:
+        exists = {p.stem: (figures / f"{p.stem}.html").exists() for p in runs}
+        if len(runs) == 1 and not runs[0].detail:
+            page = runs[0]
+            body = " ".join(headlines.get(page.stem, []))
+            head = _heading(title, f"{page.stem}.html" if exists[page.stem] else None)
+            inner = f"<p>{body}</p>" if body else ""
+        else:
+            head = html.escape(title)
+            items = [f'<li data-stem="{html.escape(p.stem)}">'
+                     f"{_heading(p.detail, f'{p.stem}.html' if exists[p.stem] else None)}"
+                     f"{': ' + ' '.join(headlines[p.stem]) if headlines.get(p.stem) else ''}</li>" for p in runs]
+            inner = f"<ul>{''.join(items)}</ul>"
+        sections.append(f'<section class="rp-chapter" data-chapter="{html.escape(chapter)}"><h2>{head}</h2>'
+                        f"{inner}</section>")
     first = pages[0].stem if pages else INDEX
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>rlprobe_nb · suite {html.escape(suite)}</title>{NAV_CSS}<style>"
             "body{font-family:sans-serif;max-width:980px;margin:0 auto;padding:0 16px 32px;color:#111;line-height:1.45}"
-            "h1{font-size:24px}h2{font-size:17px;margin:18px 0 4px}ul{margin:0;padding-left:22px}"
+            "h1{font-size:24px}h2{font-size:17px;margin:20px 0 4px}h2 a{color:#0b57d0;text-decoration:none}"
+            "p,ul{margin:2px 0}ul{padding-left:22px}"
             "</style></head><body>"
             f'<nav class="rp-nav" aria-label="pages"><span>contents</span><span class="rp-spacer"></span>'
             f'<a rel="next" href="{first}.html">start →</a></nav>'
             f"<h1>At which tokens does RLVR change the model's reasoning? · suite {html.escape(suite)}</h1>"
             "<p>The chapters in order, each with its question and its headline numbers, read from the "
             "suite's tables when this page was written. Every page opens offline.</p>"
-            + "".join(rows) + "</body></html>")
+            + "".join(sections) + "</body></html>")

@@ -42,9 +42,11 @@ MOUNT_JS = """async ([esm, css, state]) => {
 STATE = ("rollout", "texts", "layers", "legend", "details", "selected", "query")
 
 
-def mount_pane(page, pane, html: str = "<!DOCTYPE html><html><body></body></html>") -> None:
-    """Render ``pane`` (a ``TokenPane``) in ``page`` with its current state."""
-    page.set_content(html)
+def mount_pane(page, pane, html: str = "<!DOCTYPE html><html><body></body></html>", keep: bool = False) -> None:
+    """Render ``pane`` (a ``TokenPane``) in ``page`` with its current state (``keep``: in the
+    page as it is, else in a fresh blank one)."""
+    if not keep:
+        page.set_content(html)
     page.evaluate(MODEL_JS)
     page.evaluate(MOUNT_JS, [pane._esm, pane._css, {k: getattr(pane, k) for k in STATE}])
     page.wait_for_selector("#pane .rp-tok")
