@@ -366,13 +366,13 @@ def main(argv: list[str] | None = None) -> int:
         prepare()
         return 0
     P = params.load(args.suite)  # a bad params file fails here, before any model loads
-    out_dir = paths.figures_dir(P.suite)
-    out_dir.mkdir(parents=True, exist_ok=True)
     try:
         plan = runs(P, args.only, args.overwrite, args.checkpoint)
     except params.ParamsError as err:
         print(f"rlprobe_nb: {err}", file=sys.stderr)
         return 2
+    out_dir = paths.figures_dir(P.suite)
+    out_dir.mkdir(parents=True, exist_ok=True)
     pages = navigation.book_pages(runs(P))  # every page, for the links between them
     total = time.perf_counter()
     print(f"rlprobe_nb: suite {P.suite!r}, {len(plan)} notebook runs")

@@ -136,7 +136,11 @@ class ChartView:
         self.spec, self.svg, self.title = spec, svg, title
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        lab = {**self.spec, "$schema": LAB_SCHEMA}
+        # drawn as SVG (crisp, and its marks are elements a test can find), with no action that
+        # needs the network (the Vega editor)
+        embed = {"renderer": "svg", "actions": {"export": True, "source": True, "compiled": False, "editor": False}}
+        usermeta = {**self.spec.get("usermeta", {}), "embedOptions": embed}
+        lab = {**self.spec, "$schema": LAB_SCHEMA, "usermeta": usermeta}
         return {VEGALITE_MIMETYPE: lab, "image/svg+xml": self.svg,
                 "text/plain": f"<chart{': ' + self.title if self.title else ''}>"}
 

@@ -103,7 +103,9 @@ class Viewer:
         self.problem = W.Dropdown(description="problem")
         self.rollout = W.Dropdown(description="rollout", layout=W.Layout(width="34em"),
                                   tooltip="ranked by the final checkpoint's largest |metric| in the response")
-        self.mode = W.ToggleButtons(options=["step", "compare"], value="step", description="view")
+        buttons = {"button_width": "auto"}  # side by side, not stacked, names not cut
+        self.mode = W.ToggleButtons(options=["step", "compare"], value="step", description="view", style=buttons,
+                                    layout=W.Layout(width="max-content"))
         self.step = W.SelectionSlider(options=steps, value=self.checkpoints[-1], description="RL step",
                                       continuous_update=False, layout=W.Layout(width="30em"))
         self.play = W.Play(min=0, max=len(steps) - 1, value=len(steps) - 1, interval=1200, description="play")
@@ -112,8 +114,9 @@ class Viewer:
         self.compare_b = W.Dropdown(options=named, value=self.checkpoints[-1], description="B")
         self.metric = W.Dropdown(options=[(m.short, m.name) for m in METRICS.values()], value=metric,
                                  description="metric")
-        self.scale_kind = W.ToggleButtons(options=["shared", "per-rollout"], value="shared", description="scale")
-        self.transform = W.ToggleButtons(options=["linear", "log"], value="linear")
+        self.scale_kind = W.Dropdown(options=["shared", "per-rollout"], value="shared", description="scale",
+                                     layout=W.Layout(width="14em"))
+        self.transform = W.Dropdown(options=["linear", "log"], value="linear", layout=W.Layout(width="6em"))
         self.clip = W.FloatSlider(value=quantile, min=0.9, max=1.0, step=0.005, readout_format=".3f",
                                   description="clip at quantile", continuous_update=False, style=wide)
         self.q = W.Dropdown(options=Q_CHOICES, value=q, description="spikes q ≤", style=wide)

@@ -67,6 +67,10 @@ def test_the_pane_hovers_clicks_searches_and_repaints(app, tmp_path):
         app.step.value = app.checkpoints[0]
         page.evaluate("(layers) => window.paneModel.set('layers', layers)", app.pane.layers)
         assert page.evaluate(COLOURS) == [rgb(t["bg"]) for t in unpack_layer(app.pane.layers[0])]
+        assert page.text_content("#pane .rp-layer-label") == app.pane.layers[0]["label"], "the label follows"
+        hovered = page.evaluate("document.querySelector('#pane .rp-tok:hover').dataset.pos")
+        assert page.evaluate("window.paneModel.sent").count({"type": "tip", "layer": 0, "pos": int(hovered)}) == 2, \
+            "the open tooltip asks for the new step's numbers"
         assert page.locator("#pane .rp-tok.rp-sel").count() == 1, "the selection survives a repaint"
 
         # keys step and walk spikes; a link's announcement asks to open its target

@@ -80,6 +80,9 @@ function render({ model, el }) {
       return;
     }
     const selected = model.get("selected");
+    body.querySelectorAll(".rp-layer-label").forEach((label, li) => {
+      label.textContent = (layers[li] && layers[li].label) || "";
+    });
     layers.forEach((layer, li) => {
       const row = spans[li];
       for (let j = 0; j < row.length; j++) {
@@ -92,6 +95,8 @@ function render({ model, el }) {
         s.classList.toggle("rp-sel", posOf(s) === selected);
       }
     });
+    const hovered = body.querySelector(".rp-tok:hover");
+    if (hovered) showTip(hovered);  // a new step: the open tooltip shows the new step's numbers
   }
 
   function showSelected(scroll) {
@@ -143,7 +148,11 @@ function render({ model, el }) {
 
   function onOver(e) {
     const s = e.target.closest && e.target.closest(".rp-tok");
-    if (!s || !body.contains(s)) return;
+    if (s && body.contains(s)) showTip(s);
+  }
+
+  // The hovered token's tooltip for the layer it is in now (asked for if not known yet).
+  function showTip(s) {
     const li = Number(s.parentElement.dataset.layer), pos = posOf(s);
     const key = tipKey(li, pos);
     if (tips.has(key)) { rt.show(s, tips.get(key)); return; }
