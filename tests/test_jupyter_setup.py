@@ -66,7 +66,7 @@ def test_jupytext_and_widget_extensions_are_installed(lab):
     page = lab.get("/lab")
     config = json.loads(re.search(r'id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S)[1])
     names = {ext["name"] for ext in config["federated_extensions"]}
-    assert {"jupyterlab-jupytext", "@jupyter-widgets/jupyterlab-manager"} <= names
+    assert {"jupyterlab-jupytext", "@jupyter-widgets/jupyterlab-manager", "anywidget"} <= names
 
 
 @pytest.fixture()
