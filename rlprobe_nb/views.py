@@ -102,6 +102,9 @@ def trace_chart(tokens: pd.DataFrame, rollout_id: str, metric: str = "kl_ref_ckp
 VEGALITE_MIMETYPE = "application/vnd.vegalite.v5+json"
 LAB_SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
 CONTINUOUS = {"quantitative", "temporal"}
+# Widest a chart may be: it fits a 1280-px window beside JupyterLab's collapsed side bar or a
+# page's margins (a wider one is cut off in a page and scrolls in JupyterLab).
+MAX_WIDTH = 1100
 
 
 def _continuous_axes(spec: dict) -> bool:
@@ -134,6 +137,18 @@ class ChartView:
 
     def __init__(self, spec: dict, svg: str, title: str = ""):
         self.spec, self.svg, self.title = spec, svg, title
+
+    @property
+    def data(self) -> str:
+        """The static SVG (as ``IPython.display.SVG(...).data``)."""
+        return self.svg
+
+    @property
+    def width(self) -> float:
+        """The chart's width in pixels, as drawn."""
+        import re
+
+        return float(re.search(r'<svg[^>]*\swidth="([\d.]+)"', self.svg).group(1))
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         # drawn as SVG (crisp, and its marks are elements a test can find), with no action that
