@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     print(f"  change of scale (shared <-> per-rollout)               {scale:8.3f}")
     print(f"  change of transform (linear <-> log)                   {log:8.3f}")
     print(f"  change of spike threshold q                            {q:8.3f}")
-    print(f"sent to the browser (bytes; JSON as Jupyter packs it, envelope not counted)")
+    print("sent to the browser (bytes; JSON as Jupyter packs it, envelope not counted)")
     print(f"  per move of the step slider: {statistics.median(move_bytes):,.0f} "
           f"({statistics.median(move_bytes) / n:.1f} a token; min {min(move_bytes):,}, max {max(move_bytes):,})")
     print(f"  opening another rollout (its texts and paint): {rollout_bytes:,}")
