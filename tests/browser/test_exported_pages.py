@@ -11,6 +11,7 @@ from nbclient import NotebookClient
 from rlprobe_nb import book
 from rlprobe_nb.kernels import LocalKernelManager
 from rlprobe_nb.pages import navigation
+from rlprobe_nb.render import synthetic, viewer
 
 pytestmark = pytest.mark.browser
 
@@ -116,4 +117,27 @@ def test_inputs_are_hidden_by_tags_until_show_code_and_the_bar_links_the_neighbo
         assert ["prev", "01_first.html"] in hrefs and ["next", "03_third.html"] in hrefs
         assert ["", "index.html"] in hrefs
         assert page.locator("nav.rp-nav").count() == 2, "at the top and at the bottom"
+    guard.assert_nothing_left()
+
+
+def test_the_viewers_page_shows_a_linked_token_or_says_how_to_open_it(tmp_path):
+    from rlprobe_nb.render import viewer_links, viewer_targets
+
+    s = synthetic.synthetic_suite(n_problems=2, rollouts_per_problem=1, n_tokens=40, seed=4)
+    app = viewer.open_viewer(s["tokens"], s["spikes"], synthetic.decode)
+    targets = viewer_targets.linked_targets(s["tokens"], s["spikes"])
+    page_file = tmp_path / "07_viewer.html"
+    page_file.write_text("<!DOCTYPE html><html><body>" + viewer_targets.targets_html(app, targets) + "</body></html>")
+    held = targets.iloc[0]
+    with headless_chromium(tmp_path) as (context, guard):
+        page = context.new_page()
+        page.goto(f"{page_file.as_uri()}#{viewer_links.fragment(held.rollout_id, held.pos)}")
+        section = page.locator("section.rp-target").first
+        assert section.get_attribute("id") == viewer_links.fragment(held.rollout_id, held.pos)
+        assert section.locator(f".rp-tok.rp-sel[data-pos='{held.pos}']").count() == 1, "the token ringed"
+        assert page.locator("#rp-target-missing").is_hidden()
+        page.goto(f"{page_file.as_uri()}#{viewer_links.fragment('elsewhere#0', 3)}")
+        note = page.locator("#rp-target-missing")
+        assert note.is_visible() and "papermill notebooks/07_viewer.ipynb" in note.text_content()
+        assert "-p rollout_id 'elsewhere#0' -p token 3" in note.text_content()
     guard.assert_nothing_left()
