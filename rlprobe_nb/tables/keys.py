@@ -34,7 +34,9 @@ STAGE_VERSIONS = {
     "divergence_when": 1, "divergence_per_problem": 1, "divergence_changes": 1,
     "divergence_ecdf": 1, "divergence_tails": 1, "divergence_position": 1,
     "divergence_categories": 1, "divergence_similarity": 1, "entropy_deciles": 1,
-    "entropy_share": 1, "estimator_lab": 1, "estimator_reweighted": 1,
+    "entropy_share": 1, "estimator_lab": 2, "estimator_reweighted": 2,
+    "divergence_ground_truth": 1, "divergence_onsets": 1, "divergence_contrasts": 1,
+    "divergence_change_by_label": 1,
     "spikes": 1, "spike_regions": 1, "branches": 1,
 }
 
