@@ -196,8 +196,8 @@ views.show(charts.category_heatmap(CATEGORIES, group, ground_truth=GROUND_TRUTH)
 
 # %% [markdown]
 # At the last step, each category's share of the tokens beside its share of all KL, and
-# what the tables say about which kinds of token lose probability: "most" only where the
-# difference to the runner-up, paired over problems, excludes 0.
+# what the tables say about which kinds of token lose probability: "most" only where its
+# differences to the runner-up and to every other category, paired over problems, exclude 0.
 
 # %%
 CONTRASTS = phases.contrasts(TOKENS, CATEGORY, "token_category", seed=seed)
@@ -264,6 +264,27 @@ display(views.show(charts.estimator_bias_chart(LAB, group), save_as=FIGURES / "0
 COUNTS = lab.temperature_problems(TOKENS)
 Markdown(narrative.say_temperature_problems(COUNTS, group))
 
+# %% [markdown]
+# Which problems each temperature's rollouts come from (rollouts per problem), and, where
+# enough problems have rollouts at every temperature, the bias by temperature on those
+# problems only, so that temperature is not confounded with problem:
+
+# %%
+display(COUNTS[COUNTS.group == group].drop(columns="group").set_index("problem_id")
+        .loc[:, lambda t: (t > 0).any()])
+SAME = lab.same_problems(TOKENS[TOKENS.group == group])
+if SAME.problem_id.nunique() >= min_problems:
+    SAME_LAB = lab.estimator_table(SAME, seed=seed)
+    display(reporting.display_table(SAME_LAB[
+        (SAME_LAB.level == "token") & (SAME_LAB.target == "kl_ref_ckpt")
+        & (SAME_LAB.step == SAME_LAB.step.max())][
+        ["estimator", "temperature_label", "mean_estimate", "mean_exact", "bias", "low", "high",
+         "problems", "rows"]], {"bias [95% interval]": ("bias", "low", "high", "problems",
+                                                       {"signed": True})}))
+else:
+    print(f"{SAME.problem_id.nunique()} problems of group {group!r} have rollouts at every "
+          f"temperature: too few (min_problems = {min_problems}) for the same-problem comparison")
+
 # %%
 SCATTER = lab.estimator_scatter(TOKENS, seed=seed)
 views.show(charts.estimator_scatter_chart(SCATTER, "k3", "kl_ref_ckpt"),
@@ -298,7 +319,7 @@ Markdown(narrative.say_estimators(LAB, REWEIGHTED, group))
 # %%
 CHECK = lab.t1_check(TOKENS, seed=seed)
 display(reporting.display_table(CHECK, {
-    "bias [95% interval]": ("bias", "low", "high", "problems", {"signed": True})}))
+    "bias [simultaneous interval]": ("bias", "low", "high", "problems", {"signed": True})}))
 Markdown(narrative.say_t1_check(CHECK))
 
 # %% [markdown]

@@ -116,7 +116,8 @@ def say_tails(tails: pd.DataFrame, group: str = "target") -> str:
 def say_categories(categories: pd.DataFrame, contrasts: pd.DataFrame, group: str = "target",
                    what: str = "token category") -> str:
     """At the contrasts' step: which label's tokens lose the most probability (said only
-    when its difference to the runner-up excludes 0, else the tied labels are named), the
+    when its paired difference to the runner-up, and to every other label with enough
+    problems, excludes 0; else the labels it cannot be told from are named), the
     labels with too few problems to take part, and the labels that carry more of all
     KL(ref‖ckpt) than of the tokens."""
     con = contrasts[contrasts.group == group]
@@ -139,8 +140,9 @@ def say_categories(categories: pd.DataFrame, contrasts: pd.DataFrame, group: str
         else:
             diffs = diffs.assign(_mean=diffs.versus.map(means.estimate)).sort_values("_mean")
             runner = diffs.iloc[0] if len(diffs) else None
-            if runner is not None and rp.sign_of(runner.estimate, runner.low, runner.high,
-                                                 int(runner.problems)) < 0:
+            beaten = [rp.sign_of(d.estimate, d.low, d.high, int(d.problems)) < 0
+                      for d in diffs.itertuples()]  # the runner-up and every other label
+            if runner is not None and all(beaten):
                 text.append(
                     f"At step {step}, the checkpoint lowers the probability of the reference's "
                     f"'{leader}' tokens most: mean Δlogp {rp.row_text(lead, unit=' nats')}; the "
