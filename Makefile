@@ -47,5 +47,7 @@ lock: install
 	@echo "review and move constraints.txt.new over constraints.txt (keep its header)"
 
 # Delete what the book wrote for SUITE (tables, caches, figures); shipped inputs stay.
-clean-results: install
+# Installs nothing (an install could take minutes, and would change what wrote the results).
+clean-results:
+	@test -x $(PY) || { echo "$(PY) is missing: run make install first"; exit 1; }
 	$(PY) -m rlprobe_nb.tables.clean --suite "$(SUITE)"

@@ -3,7 +3,7 @@
 Two random-weight Llama-3.1-8B-shaped models P and Q (bf16, each worker builds them on its
 own GPU from the same seeds, so every GPU holds the same weights), the same forced
 sequences, forced pair-from-scratch (both bodies forwarded, every metric, the table written
-to disk) through ``distributed.run_pair``: first with one worker per GPU, then with one
+to disk) through ``forcing.sharded.run_pair``: first with one worker per GPU, then with one
 worker, in one run. Reported:
 
   engine   rows / seconds of the engines' batch loops (the slowest worker's): the
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from random_models import build_model, llama_8b_config, make_sequences, tiny_config  # noqa: E402
 
 from rlprobe_nb import distributed, forcing
+from rlprobe_nb.forcing import sharded  # noqa: E402
 from rlprobe_nb.tables import storage  # noqa: E402
 
 METRICS = ["logp_ckpt", "logp_ref", "dlogp", "entropy_ckpt", "entropy_ref", "kl_ckpt_ref",
@@ -94,7 +95,7 @@ def main(argv=None):
     for workers in (gpus, 1):  # the sharded run first: the coordinator has no CUDA yet
         out = root / f"w{workers}"
         t0 = time.perf_counter()
-        folder = distributed.run_pair(seqs, ("P", "Q"), out, load, forwarded={},
+        folder = sharded.run_pair(seqs, ("P", "Q"), out, load, forwarded={},
                                       workers=workers, batch_tokens=args.batch_tokens, topk=5,
                                       key={"bench": "gpus"}, provenance={"bench": "gpus"},
                                       suite="bench", device=device,

@@ -32,30 +32,29 @@ from rlprobe_nb.generation import rollouts
 from rlprobe_nb.problems import filtering, grading
 from rlprobe_nb.problems import sources as problem_sources
 from rlprobe_nb.suite import models, params, paths
-from rlprobe_nb.tables import keys, provenance, schemas, storage, suite_keys
+from rlprobe_nb.tables import keys, lineage, provenance, schemas, storage
 
 # %% tags=["parameters"]
-suite = None
-n_problems = None
-n_samples = None
-max_new_tokens = None
-overwrite = False
+suite: str | None = None
+n_problems: int | None = None
+n_samples: int | None = None
+max_new_tokens: int | None = None
+overwrite: bool = False
 
 # %% [markdown]
 # Parameters come from `params/<suite>/suite.yaml`; the cell above only overrides them.
 # Everything the notebook uses is derived here, once.
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), [
-    "suite", "n_problems", "n_samples", "max_new_tokens", "overwrite"])
+params.check_notebook_parameters(globals())
 P = params.load(suite=suite, overrides={
-    "problem_sources.limit": n_problems, "filtering.n_samples": n_samples,
+    "problems.limit": n_problems, "filtering.n_samples": n_samples,
     "filtering.max_new_tokens": max_new_tokens})
 REFERENCE, TARGET = P.reference, P.target
 F = P.filtering
 SCHEDULE = [0.0] + [F.temperature] * F.n_samples  # sample 0 is greedy
 MANIFEST = dict(seeds={"filtering": F.seed}, grader=grading.grader_info(),
-                extra={"producer": suite_keys.PRODUCERS["answers"]})
+                extra={"producer": lineage.PRODUCERS["answers"]})
 print(f"suite {P.suite}: reference {REFERENCE!r}, target {TARGET!r}, "
       f"{len(SCHEDULE)} answers per problem (greedy + {F.n_samples} at T={F.temperature})")
 
@@ -75,9 +74,9 @@ PROBLEMS = problem_sources.load_problems(
 PROBLEMS.groupby(["subject", "level"]).size().rename("problems").reset_index()
 
 # %%
-PROBLEMS_KEY = suite_keys.problems(P)
+PROBLEMS_KEY = lineage.problems_key(P)
 storage.write_derived(paths.table_dir(P.suite, "problems"), PROBLEMS, schemas.PROBLEMS,
-                      provenance.manifest(P, **MANIFEST), PROBLEMS_KEY, suite_keys.UNIQUE["problems"])
+                      provenance.manifest(P, **MANIFEST), PROBLEMS_KEY, lineage.UNIQUE["problems"])
 PROBLEMS.head(3)
 
 # %% [markdown]
@@ -90,7 +89,7 @@ PROBLEMS.head(3)
 # inputs (models, problems, sampling, grader) is refused unless `overwrite` is set.
 
 # %%
-ANSWERS_KEY = suite_keys.answers(P, keys.key_sha(PROBLEMS_KEY))
+ANSWERS_KEY = lineage.answers_key(P, keys.key_sha(PROBLEMS_KEY))
 ANSWERS = rollouts.sample_to_table(
     paths.table_dir(P.suite, "answers"), schemas.ANSWERS, [REFERENCE, TARGET],
     lambda name: models.load_model(name, P), PROBLEMS, template=P.prompt_template,
@@ -157,8 +156,8 @@ pd.Series(GREEDY_TEST)
 storage.write_derived(
     paths.table_dir(P.suite, "selection"), SELECTION, schemas.SELECTION,
     provenance.manifest(P, seeds={"filtering": F.seed}, grader=grading.grader_info(),
-                        extra={"producer": suite_keys.PRODUCERS["selection"],
+                        extra={"producer": lineage.PRODUCERS["selection"],
                                "greedy_test": GREEDY_TEST}),
-    suite_keys.selection(P, keys.key_sha(ANSWERS_KEY)), suite_keys.UNIQUE["selection"])
+    lineage.selection_key(P, keys.key_sha(ANSWERS_KEY)), lineage.UNIQUE["selection"])
 {t: storage.read_manifest(paths.table_dir(P.suite, t))["rows"]
  for t in ("problems", "answers", "selection")}

@@ -31,13 +31,13 @@ from rlprobe_nb.generation import rollouts
 from rlprobe_nb.problems import grading
 from rlprobe_nb.problems import sources as problem_sources
 from rlprobe_nb.suite import models, params, paths
-from rlprobe_nb.tables import provenance, schemas, storage, suite_keys
+from rlprobe_nb.tables import lineage, provenance, schemas, storage
 
 # %% tags=["parameters"]
-suite = None
-n_per_problem = None
-max_new_tokens = None
-overwrite = False
+suite: str | None = None
+n_per_problem: int | None = None
+max_new_tokens: int | None = None
+overwrite: bool = False
 
 # %% [markdown]
 # Parameters come from `params/<suite>/suite.yaml`; the cell above only overrides them.
@@ -45,16 +45,15 @@ overwrite = False
 # change of their inputs since (a model, a problem, a threshold) stops here, naming it.
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), [
-    "suite", "n_per_problem", "max_new_tokens", "overwrite"])
+params.check_notebook_parameters(globals())
 P = params.load(suite=suite, overrides={
     "rollouts.n_per_problem": n_per_problem, "rollouts.max_new_tokens": max_new_tokens})
 R = P.rollouts
-PROBLEMS, PROBLEMS_SHA = suite_keys.read_current(P, "problems")
-SELECTION, SELECTION_SHA = suite_keys.read_current(P, "selection")
-KEY = suite_keys.rollouts(P, SELECTION_SHA, PROBLEMS_SHA)
+PROBLEMS, PROBLEMS_SHA = lineage.read_current(P, "problems")
+SELECTION, SELECTION_SHA = lineage.read_current(P, "selection")
+KEY = lineage.rollouts_key(P, SELECTION_SHA, PROBLEMS_SHA)
 MANIFEST = provenance.manifest(P, seeds={"rollouts": R.seed}, grader=grading.grader_info(),
-                               extra={"producer": suite_keys.PRODUCERS["rollouts"]})
+                               extra={"producer": lineage.PRODUCERS["rollouts"]})
 print(f"suite {P.suite}: {R.n_per_problem} rollouts per problem from {P.reference!r}, "
       f"temperatures {R.temperatures} (cycled), up to {R.max_new_tokens} new tokens, "
       f"source {R.source!r}")
@@ -112,7 +111,7 @@ if R.source == "prior":
         IMPORTED, PROBLEMS, models.load_tokenizer(P.reference, P), P.prompt_template)
     storage.write_derived(paths.table_dir(P.suite, "rollouts"), ROLLOUTS, schemas.ROLLOUTS,
                           {**MANIFEST, "set_aside": SET_ASIDE.to_dict("records")}, KEY,
-                          suite_keys.UNIQUE["rollouts"])
+                          lineage.UNIQUE["rollouts"])
     print(f"{len(SET_ASIDE)} imported responses set aside, "
           f"{int((ROLLOUTS['flags'] != '').sum())} flagged")
     display(DISAGREE)  # noqa: F821  (IPython)

@@ -36,25 +36,24 @@ from IPython.display import HTML
 from rlprobe_nb import forcing, render, views
 from rlprobe_nb.forcing import plan as forcing_plan
 from rlprobe_nb.suite import models, params, paths
-from rlprobe_nb.tables import storage, suite_keys
+from rlprobe_nb.tables import lineage, storage
 
 # %% tags=["parameters"]
-suite = None
-checkpoint = "rlvr_step_1200"
-checkpoints = None
-max_rollouts = None
-batch_tokens = None
-overwrite = False
+suite: str | None = None
+checkpoint: str = "rlvr_step_1200"
+checkpoints: list[str] | None = None
+max_rollouts: int | None = None
+batch_tokens: int | None = None
+overwrite: bool = False
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), [
-    "suite", "checkpoint", "checkpoints", "max_rollouts", "batch_tokens", "overwrite"])
+params.check_notebook_parameters(globals())
 P = params.load(suite, checkpoint, overrides={"forcing.max_rollouts": max_rollouts,
                                               "forcing.batch_tokens": batch_tokens})
 OUT = forcing.pair_dir(P.suite, P.checkpoint, P.reference)
-ROLLOUTS, ROLLOUTS_SHA = suite_keys.read_current(P, "rollouts")
-PROBLEMS, _ = suite_keys.read_current(P, "problems")
-SELECTION, _ = suite_keys.read_current(P, "selection")
+ROLLOUTS, ROLLOUTS_SHA = lineage.read_current(P, "rollouts")
+PROBLEMS, _ = lineage.read_current(P, "problems")
+SELECTION, _ = lineage.read_current(P, "selection")
 print(f"suite {P.suite!r}: checkpoint {P.checkpoint!r} (step {P.steps[P.checkpoint]}) "
       f"vs reference {P.reference!r}, {P.runtime.device}/{P.runtime.dtype}")
 

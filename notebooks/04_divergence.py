@@ -48,23 +48,22 @@ from rlprobe_nb.divergence import charts, ground_truth, narrative, phases, summa
 from rlprobe_nb.divergence import entropy_concentration as entropy
 from rlprobe_nb.divergence import estimator_lab as lab
 from rlprobe_nb.suite import params, paths
-from rlprobe_nb.tables import suite_keys, suite_tables
+from rlprobe_nb.tables import lineage, suite_tables
 
 # %% tags=["parameters"]
-suite = None
-group = "target"
-seed = 0
-min_problems = 5
+suite: str | None = None
+group: str = "target"
+seed: int = 0
+min_problems: int = 5
 
 # %%
-params.check_notebook_parameters(globals().get("In", []),
-                                 ["suite", "group", "seed", "min_problems"])
+params.check_notebook_parameters(globals())
 P = params.load(suite)
 reporting.use_min_clusters(min_problems)
 TOKENS = suite_tables.read_tokens(P)
 TOKENS = TOKENS[TOKENS.reference == P.reference]
 ACCURACY = suite_tables.accuracy_table(P)
-ROLLOUTS, _ = suite_keys.read_current(P, "rollouts")
+ROLLOUTS, _ = lineage.read_current(P, "rollouts")
 TEXTS = dict(zip(ROLLOUTS.rollout_id, ROLLOUTS.response))
 FIGURES = paths.figures_dir(P.suite)
 print(f"suite {P.suite!r}: {TOKENS.checkpoint.nunique()} checkpoints against {P.reference!r}, "

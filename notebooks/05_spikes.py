@@ -37,18 +37,17 @@ from rlprobe_nb.spikes import (
                                   table,
 )
 from rlprobe_nb.suite import models, params, paths
-from rlprobe_nb.tables import provenance, schemas, suite_tables
+from rlprobe_nb.tables import lineage, provenance, schemas, suite_tables
 
 # %% tags=["parameters"]
-suite = None
-q = 0.05
-min_effect = 0.1
-divergence = "jeffreys"
-n_top = 12
+suite: str | None = None
+q: float = 0.05
+min_effect: float = 0.1
+divergence: str = "jeffreys"
+n_top: int = 12
 
 # %%
-params.check_notebook_parameters(globals().get("In", []),
-                                  ["suite", "q", "min_effect", "divergence", "n_top"])
+params.check_notebook_parameters(globals())
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 TOKENS = TOKENS[TOKENS.reference == P.reference].reset_index(drop=True)
@@ -142,9 +141,9 @@ summary(null_tests)
 spikes, spans = table.spikes_table(TOKENS, tests, vocab=VOCAB)
 SETTINGS = {"q": q, "min_effect": min_effect, "divergence": divergence}
 manifest = provenance.manifest(P, extra={**SETTINGS, "tests": len(tests)})
-suite_tables.write_derived(P, "spikes", table.to_schema(spikes, suite=P.suite), schemas.SPIKES,
+lineage.write_derived(P, "spikes", table.to_schema(spikes, suite=P.suite), schemas.SPIKES,
                            manifest, SETTINGS, "notebooks/05_spikes")
-suite_tables.write_derived(P, "spike_regions", table.to_schema(spans, "spike_regions"),
+lineage.write_derived(P, "spike_regions", table.to_schema(spans, "spike_regions"),
                            schemas.SPIKE_REGIONS, manifest, SETTINGS, "notebooks/05_spikes")
 spikes.groupby(["step", "persistence"]).context_id.nunique().unstack(fill_value=0)
 

@@ -35,30 +35,28 @@ from IPython.display import HTML, display
 
 from rlprobe_nb.render import case_page, case_studies, shared_scale
 from rlprobe_nb.suite import models, params, paths
-from rlprobe_nb.tables import storage, suite_keys, suite_tables
+from rlprobe_nb.tables import lineage, storage, suite_tables
 
 # %% tags=["parameters"]
-suite = None
-seed = 0
-n_categories = 3
-earliest_onset = True
-n_random = 1
-n_controls = 1
-group = "target"
-persistence = "persistent"
-window = 8
-metric = "dlogp"
-scale_quantile = 0.99
+suite: str | None = None
+seed: int = 0
+n_categories: int = 3
+earliest_onset: bool = True
+n_random: int = 1
+n_controls: int = 1
+group: str = "target"
+persistence: str = "persistent"
+window: int = 8
+metric: str = "dlogp"
+scale_quantile: float = 0.99
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), [
-    "suite", "seed", "n_categories", "earliest_onset", "n_random", "n_controls", "group", "persistence",
-    "window", "metric", "scale_quantile"])
+params.check_notebook_parameters(globals())
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 tokens = TOKENS[TOKENS.reference == P.reference]
-SPIKES = suite_tables.read_derived(P, "spikes")
-tables = {name: suite_keys.read_current(P, name)[0] for name in ("problems", "rollouts", "answers")}
+SPIKES = lineage.read_derived(P, "spikes")
+tables = {name: lineage.read_current(P, name)[0] for name in ("problems", "rollouts", "answers")}
 rule = case_studies.CaseRule(n_categories=n_categories, earliest_onset=earliest_onset, n_random=n_random,
                              n_controls=n_controls, seed=seed, group=group, persistence=persistence, window=window)
 scale = shared_scale(tokens, metric, scale_quantile)

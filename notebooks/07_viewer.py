@@ -28,22 +28,22 @@ from IPython.display import HTML
 
 from rlprobe_nb.render import viewer
 from rlprobe_nb.suite import models, params
-from rlprobe_nb.tables import suite_keys, suite_tables
+from rlprobe_nb.tables import lineage, suite_tables
 
 # %% tags=["parameters"]
-suite = None
-metric = "dlogp"
-scale_quantile = 0.99
-q = 0.05
-rollout_id = None
+suite: str | None = None
+metric: str = "dlogp"
+scale_quantile: float = 0.99
+q: float = 0.05
+rollout_id: str | None = None
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), ["suite", "metric", "scale_quantile", "q", "rollout_id"])
+params.check_notebook_parameters(globals())
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 tokens = TOKENS[TOKENS.reference == P.reference]
-SPIKES = suite_tables.read_derived(P, "spikes")
-rollouts, _ = suite_keys.read_current(P, "rollouts")
+SPIKES = lineage.read_derived(P, "spikes")
+rollouts, _ = lineage.read_current(P, "rollouts")
 texts = dict(zip(rollouts.rollout_id, rollouts.response))
 tokenizer = models.load_tokenizer(P.reference, P)
 decode = lambda token_id: tokenizer.decode([token_id])  # noqa: E731

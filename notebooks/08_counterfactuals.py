@@ -45,22 +45,22 @@ from rlprobe_nb.divergence import token_categories
 from rlprobe_nb.problems import grading
 from rlprobe_nb.render import case_studies
 from rlprobe_nb.suite import models, params, paths
-from rlprobe_nb.tables import provenance, suite_keys, suite_tables
+from rlprobe_nb.tables import lineage, provenance, suite_tables
 
 # %% tags=["parameters"]
-suite = None
-checkpoint = None
-group = "target"
-n = None
-max_points = None
-grid_points = None
-n_case_studies = None
-temperature = None
-ref_min_pass = None
-caliper = None
-seed = None
-n_boot = 2000
-overwrite = False
+suite: str | None = None
+checkpoint: str | None = None
+group: str = "target"
+n: int | None = None
+max_points: int | None = None
+grid_points: int | None = None
+n_case_studies: int | None = None
+temperature: float | None = None
+ref_min_pass: float | None = None
+caliper: float | None = None
+seed: int | None = None
+n_boot: int = 2000
+overwrite: bool = False
 
 # %% [markdown]
 # `checkpoint` is whose spikes are branched at (None: the final one). The sampling sizes
@@ -68,9 +68,7 @@ overwrite = False
 # given here overrides it and is checked against the same ranges.
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), [
-    "suite", "checkpoint", "group", "n", "max_points", "grid_points", "n_case_studies",
-    "temperature", "ref_min_pass", "caliper", "seed", "n_boot", "overwrite"])
+params.check_notebook_parameters(globals())
 given = {"n": n, "max_points": max_points, "grid_points": grid_points,
          "case_studies": n_case_studies, "temperature": temperature,
          "ref_min_pass": ref_min_pass, "caliper": caliper, "seed": seed}
@@ -81,11 +79,11 @@ TOKENS = TOKENS[TOKENS.reference == P.reference]
 checkpoint = checkpoint or case_studies.final_checkpoint(TOKENS)
 tokens = TOKENS[(TOKENS.checkpoint == checkpoint) & (TOKENS.group == group)].reset_index(drop=True)
 tokens["category"] = token_categories.classify(tokens).astype(str)
-SPIKES = suite_tables.read_derived(P, "spikes")
-ROLLOUTS, rollouts_sha = suite_keys.read_current(P, "rollouts")
+SPIKES = lineage.read_derived(P, "spikes")
+ROLLOUTS, rollouts_sha = lineage.read_current(P, "rollouts")
 ROLLOUTS = ROLLOUTS[ROLLOUTS.rollout_id.isin(set(tokens.rollout_id))]
-PROBLEMS, _ = suite_keys.read_current(P, "problems")
-ANSWERS, _ = suite_keys.read_current(P, "answers")
+PROBLEMS, _ = lineage.read_current(P, "problems")
+ANSWERS, _ = lineage.read_current(P, "answers")
 gold = dict(zip(PROBLEMS.problem_id, PROBLEMS.answer))
 max_new_tokens = C.max_new_tokens or P.rollouts.max_new_tokens
 tokenizer = models.load_tokenizer(P.reference, P)
@@ -164,7 +162,7 @@ cost
 settings = table.branches_settings(P, PLAN, rollouts_sha, checkpoint=checkpoint, n=C.n,
                                    temperature=C.temperature, max_new_tokens=max_new_tokens,
                                    seed=C.seed)
-manifest = provenance.manifest(P, seeds={"seed": C.seed}, grader=suite_keys.grader(P),
+manifest = provenance.manifest(P, seeds={"seed": C.seed}, grader=grading.grader_info(),
                                extra={"checkpoint": checkpoint, "point_kind": point_kind})
 BRANCHES = table.run_branches(P, PLAN, ROLLOUTS, gold, lambda name: models.load_model(name, P),
                               settings, manifest, checkpoint=checkpoint, n=C.n,

@@ -35,25 +35,22 @@ from rlprobe_nb.demo import training_run
 from rlprobe_nb.suite import params, paths
 
 # %% tags=["parameters"]
-train = False  # True: rerun GRPO (needs a CUDA GPU), else show the recorded run
-steps = 1200
-seed = 0
-group_size = 8
-prompts_per_step = 8
-steps_per_generation = 8
-learning_rate = 1e-4
-beta = 0.02
-max_new_tokens = 96
-save_steps = "100,200,400,800,1200"
-eval_problems = 300
-eval_samples = 4
-run_folder = "data/demo/grpo_rerun"  # where a rerun writes (the record is never overwritten)
+train: bool = False  # True: rerun GRPO (needs a CUDA GPU), else show the recorded run
+steps: int = 1200
+seed: int = 0
+group_size: int = 8
+prompts_per_step: int = 8
+steps_per_generation: int = 8
+learning_rate: float = 1e-4
+beta: float = 0.02
+max_new_tokens: int = 96
+save_steps: str = "100,200,400,800,1200"
+eval_problems: int = 300
+eval_samples: int = 4
+run_folder: str = "data/demo/grpo_rerun"  # where a rerun writes (the record is never overwritten)
 
 # %%
-params.check_notebook_parameters(globals().get("In", []), [
-    "train", "steps", "seed", "group_size", "prompts_per_step", "steps_per_generation",
-    "learning_rate", "beta", "max_new_tokens", "save_steps", "eval_problems", "eval_samples",
-    "run_folder"])
+params.check_notebook_parameters(globals())
 run_root = paths.resolve(run_folder)
 command = [
     "python", str(paths.REPO_ROOT / "scripts" / "train_demo_suite.py"),

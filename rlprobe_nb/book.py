@@ -40,6 +40,7 @@ from pathlib import Path
 
 from rlprobe_nb import distributed
 from rlprobe_nb.suite import params, paths
+from rlprobe_nb.tables.atomic import FILE_MODE
 
 PER_CHECKPOINT = "03_teacher_forcing"
 
@@ -200,6 +201,7 @@ def _keep_failed(tmp: Path, failed: Path) -> Path | None:
     wrote nothing (e.g. the kernel did not start)."""
     if not tmp.exists() or tmp.stat().st_size == 0:
         return None
+    os.chmod(tmp, FILE_MODE)  # a private temporary file (0600) until now
     os.replace(tmp, failed)
     failed.with_suffix(".html").unlink(missing_ok=True)  # an earlier failure's page
     try:

@@ -45,7 +45,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import time
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -126,11 +125,9 @@ def _worker(task: Callable[[list, Any], None], items: list) -> None:
     import torch
     from accelerate import PartialState
 
-    from rlprobe_nb.problems import grading_pool
-
-    # Inherited state that belongs to the coordinator: its grader subprocesses (this
-    # worker starts its own), any accelerate state, and torch's compile pools.
-    grading_pool._POOLS.clear()
+    # Inherited state that belongs to the coordinator: any accelerate state and torch's
+    # compile pools (modules holding subprocesses of their own, like the grader's pool,
+    # forget them after a fork through os.register_at_fork).
     PartialState._reset_state()
     _fresh_compile_pools()
     os.environ[PROCESSES_ENV] = "1"  # a sharded call inside a worker runs in the worker
@@ -169,103 +166,3 @@ def run_shards(table, jobs: list[tuple[str, Callable[[], Any]]], manifest,
     finally:
         table.release()
     return [k for k, _ in todo]
-
-
-def run_pair(seqs, names: tuple[str, str], out_dir, load: Callable[[], tuple], *,
-             forwarded: dict[str, Any], workers: int | None = None, batch_tokens: int = 8192,
-             max_sequences: int | None = None, topk: int = 5, key: dict | None = None,
-             overwrite: bool = False, provenance: dict | Callable[[], dict] | None = None,
-             suite: str = "", **engine) -> Any:
-    """``forcing.run_pair`` with the batches shared among worker processes.
-
-    names: (checkpoint, reference). load(): the two ``forcing.Side`` of a worker, models
-    loaded on its device (called in each worker). forwarded: name -> hidden-state cache
-    folder of each side the workers forward (the coordinator takes its lock and writes its
-    index). ``out_dir=None`` fills the caches only (``forward_to_cache``). provenance: the
-    manifest's base, or a function that returns it once the models are loaded. The other
-    arguments are ``run_pair``'s, except that ``compile_body=None`` means eager layers here
-    (the same table for any number of workers). Returns the table folder (None without a table)."""
-    from rlprobe_nb import forcing
-    from rlprobe_nb.tables import schemas, storage
-
-    if engine.get("compile_body") is None:
-        # Eager decoder layers unless asked for: compiled (autotuned) kernels differ between
-        # processes, so the table would depend on how many workers ran and where; and each
-        # worker would compile again (measured: benchmarks/RESULTS.md)
-        engine["compile_body"] = False
-    kw = dict(batch_tokens=batch_tokens, max_sequences=max_sequences, topk=topk, key=key,
-              overwrite=overwrite, suite=suite, **engine)
-    n = processes() if workers is None else int(workers)
-    if n <= 1:
-        sides = load()
-        return forcing.run_pair(seqs, *sides, out_dir, provenance=_value(provenance), **kw)
-    table, releases = None, []
-    try:
-        if out_dir is not None:
-            table = storage.ShardedTable(out_dir, schemas.TOKENS, unique=forcing.UNIQUE)
-            table_key = forcing.table_key(seqs, names[0], names[1], topk, key)
-            if table.begin(table_key, overwrite=overwrite,
-                           what=f"(teacher forcing {names[0]} vs {names[1]}, coordinator)"):
-                return table.folder
-        caches = {name: forcing.HiddenCache(folder) for name, folder in forwarded.items()}
-        for cache in caches.values():
-            releases.append(storage.acquire_lock(cache.folder, "(hidden-state cache, coordinator)"))
-            for tmp in cache.folder.glob(".*.tmp*"):  # litter of a killed writer
-                tmp.unlink()
-        need_rows, need_cache = forcing.pending(seqs, table.folder if table is not None else None,
-                                                list(caches.values()))
-        batches = [[s.rollout_id for s in part]
-                   for group in (need_rows, need_cache) if group
-                   for part in ([group[i] for i in b.members]
-                                for b in forcing.plan_batches(group, batch_tokens, max_sequences))]
-        facts_dir = table.folder if table is not None else next(iter(caches.values())).folder
-
-        def task(share, state):
-            ckpt, ref = load()
-            index = state.process_index if state is not None else 0  # None: ran here
-            mine = forcing.Share(frozenset(r for batch in share for r in batch),
-                                 saves_heads=index == 0,
-                                 facts_file=facts_dir / f"_share-{index:03d}.json")
-            forcing.run_pair(seqs, ckpt, ref, out_dir, progress=False, share=mine, **kw)
-
-        start = time.perf_counter()
-        ran = run_sharded(task, batches, n)
-        _finish_pair(seqs, names, table, caches, facts_dir, _value(provenance), suite, ran,
-                     time.perf_counter() - start)
-        return None if table is None else table.folder
-    finally:
-        for release in releases:
-            release()
-        if table is not None:
-            table.release()
-
-
-def _value(provenance):
-    return provenance() if callable(provenance) else provenance
-
-
-def _finish_pair(seqs, names, table, caches, facts_dir, provenance, suite, ran: int,
-                 seconds: float) -> None:
-    """The coordinator's end of a shared run: the caches' index, then the manifest, with
-    the workers' facts merged (the first worker's, plus each worker's counts)."""
-    from rlprobe_nb.tables import storage
-
-    files = sorted(facts_dir.glob("_share-*.json"))
-    shares = [storage.read_json(f) for f in files]
-    rows = sum(f.get("rows_computed_this_run", 0) for f in shares)
-    merged = {**(shares[0] if shares else {}), "processes": ran, "seconds_this_run": round(seconds, 3),
-              "batches_computed_this_run": sum(f.get("batches_computed_this_run", 0) for f in shares),
-              "rows_computed_this_run": rows,
-              "response_tokens_per_s_this_run": round(rows / seconds, 1) if seconds > 0 else None,
-              "workers": [{k: f.get(k) for k in ("cuda_device", "batch_tokens",
-                                                 "batches_computed_this_run", "seconds_this_run")}
-                          for f in shares]}
-    side_facts = {f["name"]: f for f in merged.get("sides", [])}
-    for name, cache in caches.items():
-        cache.finish(seqs, {"model": side_facts.get(name, {"name": name})})
-    if table is not None:
-        table.finish({**(provenance or {}), "table": "tokens", "suite": suite,
-                      "checkpoint": names[0], "reference": names[1], "engine": merged},
-                     sorted(table.done()))
-    for f in files:
-        f.unlink()

@@ -96,7 +96,7 @@ def test_clean_results_keeps_shipped_inputs(tmp_path, monkeypatch):
 def test_make_clean_results_with_an_empty_suite_deletes_nothing():
     root = paths.REPO_ROOT
     shipped = sorted(p.name for p in (root / "data" / "demo" / "shipped").iterdir())
-    done = subprocess.run(["make", "-s", "clean-results", "SUITE="], cwd=root,
+    done = subprocess.run(["make", "-s", "clean-results", "SUITE=", f"PY={sys.executable}"], cwd=root,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "plain name" in done.stderr
     assert sorted(p.name for p in (root / "data" / "demo" / "shipped").iterdir()) == shipped

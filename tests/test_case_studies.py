@@ -224,14 +224,14 @@ def run_draft_notebook(name: str, tmp_path, monkeypatch) -> dict:
     import jupytext
 
     from rlprobe_nb.suite import models, params, paths
-    from rlprobe_nb.tables import storage, suite_keys, suite_tables
+    from rlprobe_nb.tables import lineage, storage, suite_tables
 
     P = params.load(None)
     data = synthetic.synthetic_suite(n_problems=3, rollouts_per_problem=2, n_tokens=40, seed=2,
                                      steps=dict(P.steps), suite=P.suite)
     monkeypatch.setattr(suite_tables, "read_tokens", lambda P, pairs=None, columns=None: data["tokens"])
-    monkeypatch.setattr(suite_keys, "read_current", lambda P, table: (data[table], "sha-of-" + table))
-    monkeypatch.setattr(suite_tables, "read_derived", lambda P, table: data[table])
+    monkeypatch.setattr(lineage, "read_current", lambda P, table: (data[table], "sha-of-" + table))
+    monkeypatch.setattr(lineage, "read_derived", lambda P, table: data[table])
     monkeypatch.setattr(storage, "read_table", lambda folder, *a, **k: data[paths.Path(folder).name])
     tokenizer = types.SimpleNamespace(decode=lambda ids: "".join(synthetic.decode(i) for i in ids))
     monkeypatch.setattr(models, "load_tokenizer", lambda name, P: tokenizer)

@@ -1,4 +1,4 @@
-"""The branches table: written through suite_tables (keyed on the token tables), reused
+"""The branches table: written through lineage (keyed on the token tables), reused
 with the same inputs, refused when stale or when its inputs changed, resumable shard by
 shard after an interruption. A tiny random model writes the continuations."""
 
@@ -11,7 +11,7 @@ from tiny_models import tiny_llama
 from rlprobe_nb.counterfactuals import table
 from rlprobe_nb.problems import grading
 from rlprobe_nb.suite import models, params, prompting
-from rlprobe_nb.tables import storage, suite_tables
+from rlprobe_nb.tables import lineage, storage
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +21,21 @@ def tiny():
     grading.shutdown()
 
 
+def stub_token_tables(monkeypatch, shas: dict) -> None:
+    """The suite's token tables as their key hashes alone (``shas``, mutable)."""
+    real = lineage.current_sha
+    monkeypatch.setattr(lineage, "token_shas", lambda P, pairs=None: dict(shas))
+    monkeypatch.setattr(lineage, "current_sha",
+                        lambda P, name: shas[name] if name in shas else real(P, name))
+
+
 @pytest.fixture()
 def suite(tmp_path, monkeypatch, tiny):
     """The demo suite's parameters writing under tmp_path, token tables stubbed by their
     key hashes (``shas``, mutable), model identities by their names."""
     monkeypatch.setenv("RLPROBE_OUT", str(tmp_path))
-    shas = {"rlvr_step_1200__vs__dpo": "aaaa"}
-    monkeypatch.setattr(suite_tables, "token_shas", lambda P, pairs=None: dict(shas))
+    shas = {"tokens/rlvr_step_1200__vs__dpo": "aaaa"}
+    stub_token_tables(monkeypatch, shas)
     monkeypatch.setattr(models, "model_identity", lambda name, P: {"name": name})
     P = params.load("demo")
     tok = tiny.tokenizer
@@ -69,14 +77,14 @@ def test_written_keyed_reused_and_refused_when_stale(suite, tiny):
     pd.testing.assert_frame_equal(again, first)
     with pytest.raises(storage.StaleTableError, match="sampling"):  # other sampling: refused
         run(suite, tiny, settings={**suite["settings"], "sampling": {"n": 3}}, loader=never)
-    suite["shas"]["rlvr_step_1200__vs__dpo"] = "bbbb"  # a token table was recomputed
+    suite["shas"]["tokens/rlvr_step_1200__vs__dpo"] = "bbbb"  # a token table was recomputed
     with pytest.raises(storage.StaleTableError, match="aaaa -> bbbb"):
-        suite_tables.read_derived(suite["P"], "branches")
+        lineage.read_derived(suite["P"], "branches")
     with pytest.raises(storage.StaleTableError):
         run(suite, tiny, loader=never)
     redone = run(suite, tiny, overwrite=True)
     pd.testing.assert_frame_equal(redone, first)  # seeded: the same rows again
-    assert len(suite_tables.read_derived(suite["P"], "branches")) == len(first)
+    assert len(lineage.read_derived(suite["P"], "branches")) == len(first)
 
 
 def test_an_interrupted_run_resumes_from_its_shards(suite, tiny, monkeypatch):

@@ -56,7 +56,7 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_rows(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
     ref = _start(tmp_path, full, 0.0)
     victim = _start(tmp_path, killed, 0.4)
-    shards = killed / "tokens"
+    shards = storage.work_dir(killed / "tokens")  # where a run writes until it is complete
     deadline = time.time() + 120
     while len(list(shards.glob("part-*.parquet"))) < 3:
         assert victim.poll() is None, victim.communicate()[1][-2000:]
@@ -66,7 +66,7 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_rows(tmp_path):
     victim.wait()
     written = len(list(shards.glob("part-*.parquet")))
     assert victim.returncode == -signal.SIGKILL
-    assert not (shards / "manifest.json").exists()  # unfinished: not a result
+    assert not (killed / "tokens").exists()  # unfinished: nothing a reader could take for a result
     out, err = ref.communicate(timeout=300)
     assert ref.returncode == 0, err[-2000:]
     n_batches = storage.read_manifest(full / "tokens")["shards"]

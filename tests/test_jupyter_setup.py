@@ -45,7 +45,7 @@ def test_a_chapter_py_opens_as_a_notebook(lab):
     assert model["type"] == "notebook"
     nb = model["content"]
     tagged = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
-    assert len(tagged) == 1 and "suite = None" in tagged[0]["source"]
+    assert len(tagged) == 1 and "suite: str | None = None" in tagged[0]["source"]
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
     twin = lab.get(f"/api/contents/{CHAPTER[:-3]}.ipynb", content=1)["content"]
     assert [c["source"] for c in nb["cells"]] == [c["source"] for c in twin["cells"]], (
@@ -204,7 +204,7 @@ def test_no_chapter_assumes_headless_or_interactive(source):
         used = names_used(cell.source)
         assert not used & MODE_ONLY, f"{source.name}: {sorted(used & MODE_ONLY)} exists in one mode only"
         # `In` (the kernel's input history) is read only with a fallback, as
-        # check_notebook_parameters does: globals().get("In", [])
+        # check_notebook_parameters does: namespace.get("In")
         assert "In" not in used, f"{source.name} reads `In` without globals().get('In', [])"
 
 

@@ -1,6 +1,8 @@
 """The model registry: local folders, refusals, provenance, and a fast, clear failure for
 hub models when the hub cannot be reached."""
 
+import os
+import shutil
 import time
 
 import pytest
@@ -20,8 +22,10 @@ def demo_tokenizer():
 def write_suite(root, models, reference="ref"):
     folder = root / "params" / "mini"
     folder.mkdir(parents=True)
+    target = {"kind": "peft", "base": reference, "path": "adapter"}  # named, never loaded here
     (folder / "suite.yaml").write_text(yaml.safe_dump(
-        {"suite": "mini", "reference": reference, "target": reference, "models": models}))
+        {"suite": "mini", "reference": reference, "target": "target",
+         "models": {**models, "target": target}}))
 
 
 def test_local_model_loads_with_provenance(tmp_path, monkeypatch, demo_tokenizer):
@@ -72,3 +76,58 @@ def test_different_tokenizers_are_refused(demo_tokenizer):
     changed.chat_template = "{{ messages }}"
     with pytest.raises(ValueError, match="chat templates differ"):
         models.check_same_tokenizer(demo_tokenizer, changed)
+
+
+def _gguf_suite(tmp_path, monkeypatch):
+    """A suite whose reference is a GGUF model, its converted copy in a private cache
+    (weights linked from the real conversion, tokenizer and template copied)."""
+    from rlprobe_nb.suite import gguf_cache
+
+    real = gguf_cache.convert_gguf(gguf_cache.demo_gguf_path(), paths.cache_dir() / "models")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"stands for the GGUF file: its copy below is what loads")
+    cache = tmp_path / "cache"
+    copy = gguf_cache.cache_entry(gguf, cache / "models")
+    copy.mkdir(parents=True)
+    for f in real.iterdir():
+        (copy / f.name).symlink_to(f) if f.suffix == ".safetensors" else shutil.copy(f, copy)
+    monkeypatch.setenv("RLPROBE_CACHE", str(cache))
+    suite = tmp_path / "params" / "g"
+    suite.mkdir(parents=True)
+    (suite / "suite.yaml").write_text(yaml.safe_dump({
+        "suite": "g", "reference": "ref", "target": "other",
+        "models": {"ref": {"kind": "gguf", "path": str(gguf)},
+                   "other": {"kind": "local", "path": str(real)}}}))
+    monkeypatch.setenv("RLPROBE_PARAMS", str(tmp_path / "params"))
+    return copy
+
+
+def test_a_gguf_models_identity_covers_its_tokenizer_and_chat_template(tmp_path, monkeypatch):
+    """Issue 22 item 4: the converted copy's chat template is what the models load, so it
+    is part of the model's identity (01 and 02 reused rollouts sampled with the old one)."""
+    copy = _gguf_suite(tmp_path, monkeypatch)
+    before = models.model_identity("ref", params.load("g"))
+    assert {"chat_template.jinja", "tokenizer.json", "model.safetensors"} <= set(before["converted"])
+    template = copy / "chat_template.jinja"
+    template.write_text(template.read_text().replace("<|im_start|>", "<|im_start|> ", 1))
+    after = models.model_identity("ref", params.load("g"))
+    assert after["converted"]["chat_template.jinja"] != before["converted"]["chat_template.jinja"]
+    assert after["gguf_sha256"] == before["gguf_sha256"]
+
+
+def test_a_byte_flipped_in_place_with_its_stamp_kept_is_seen(tmp_path, monkeypatch):
+    """Issue 22 item 7: the hash memo trusted (size, mtime, inode); a small file (an
+    adapter, a problem file) is hashed each time a notebook asks."""
+    from rlprobe_nb.tables import provenance
+
+    monkeypatch.setenv("RLPROBE_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "adapter_model.safetensors"
+    f.write_bytes(bytes(range(256)) * 64)
+    before, st = provenance.sha256_file(f), f.stat()
+    with open(f, "r+b") as h:  # in place: same inode, same size
+        h.seek(100)
+        h.write(b"\x00")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the same time
+    assert (f.stat().st_ino, f.stat().st_size, f.stat().st_mtime_ns) == \
+        (st.st_ino, st.st_size, st.st_mtime_ns)
+    assert provenance.sha256_file(f) != before

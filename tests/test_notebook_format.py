@@ -56,13 +56,14 @@ def test_one_parameters_cell_of_plain_literals(source):
     assert len(tagged) == 1, "exactly one cell must be tagged `parameters`"
     body = ast.parse(code[tagged[0]].source).body
     assert body, "the parameters cell is empty"
-    for stmt in body:
-        assert isinstance(stmt, ast.Assign) and is_plain_literal(stmt.value), (
-            f"parameters cell: `{ast.unparse(stmt)}` is not a plain literal assignment"
-        )
+    for stmt in body:  # `name: type = literal`: the type is what check_notebook_parameters holds
+        assert isinstance(stmt, ast.AnnAssign) and stmt.value is not None \
+            and is_plain_literal(stmt.value), (
+            f"parameters cell: `{ast.unparse(stmt)}` is not `name: type = plain literal`")
     derive = code[tagged[0] + 1].source
-    assert "params.check_notebook_parameters(" in derive, (
-        "the cell after `parameters` derives everything and first refuses unknown parameters")
+    assert "params.check_notebook_parameters(globals())" in derive, (
+        "the cell after `parameters` derives everything and first refuses unknown parameters "
+        "and values of another type than declared")
     if source.name[:2].isdigit():
         assert "params.load(" in derive, "a chapter derives its parameters with params.load"
 

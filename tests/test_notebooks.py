@@ -185,8 +185,8 @@ def test_chapter_08_branches_prints_its_cost_first_and_writes_a_keyed_table(smal
     assert (figures / "08_takeover.svg").exists() and (figures / "08_takeover.png").exists()
     monkeypatch.setenv("RLPROBE_OUT", small_book["env"]["RLPROBE_OUT"])
     monkeypatch.setenv("RLPROBE_PARAMS", small_book["env"]["RLPROBE_PARAMS"])
-    from rlprobe_nb.tables import suite_tables
-    assert len(suite_tables.read_derived(params.load("demo"), "branches")) == len(branches)
+    from rlprobe_nb.tables import lineage
+    assert len(lineage.read_derived(params.load("demo"), "branches")) == len(branches)
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@ the key and the valid values (issue 2, acceptance 3)."""
 
 import shutil
 
+import re
+
 import pytest
 import yaml
 
@@ -126,8 +128,65 @@ def test_checkpoint_file_may_override_forcing(params_copy):
     assert params.load("demo", "rlvr_step_800").forcing.batch_tokens == 4096
 
 
+def notebook(injected: str, **values) -> dict:
+    """A notebook's namespace after its parameters cell (``suite: str | None = None``,
+    ``checkpoint: str``, ``overwrite: bool``, ``n_problems: int | None``,
+    ``checkpoints: list[str] | None``) and papermill's injected cell."""
+    ns = {"__annotations__": {"suite": str | None, "checkpoint": str, "overwrite": bool,
+                              "n_problems": int | None, "checkpoints": list[str] | None},
+          "suite": None, "checkpoint": "rlvr_step_1200", "overwrite": False,
+          "n_problems": None, "checkpoints": None, "In": ["import x", injected]}
+    return {**ns, **values}
+
+
 def test_injected_unknown_notebook_parameter_fails():
     injected = '# Parameters\ncheckpoint = "rlvr_step_1200"\ncheckpont = "x"\n'
     with pytest.raises(params.ParamsError, match=r"\['checkpont'\].*did you mean 'checkpoint'"):
-        params.check_notebook_parameters(["import x", injected], ["suite", "checkpoint"])
-    params.check_notebook_parameters([injected.replace("checkpont", "suite")], ["suite", "checkpoint"])
+        params.check_notebook_parameters(notebook(injected, checkpont="x"))
+    params.check_notebook_parameters(notebook(injected.replace("checkpont", "suite"), suite="x"))
+
+
+@pytest.mark.parametrize("name,value,says", [
+    ("overwrite", "false", "-p overwrite True or -p overwrite False"),  # papermill's "false"
+    ("overwrite", "False ", "expected bool"),
+    ("overwrite", 0, "expected bool"),
+    ("n_problems", 2.5, "expected int | None"),
+    ("n_problems", True, "expected int | None"),
+    ("n_problems", "5", "expected int | None"),
+    ("checkpoints", "[rlvr_step_400]", "-y 'checkpoints: [a, b]'"),
+    ("checkpoints", [400], "expected list[str] | None"),
+    ("checkpoint", None, "expected str"),
+])
+def test_a_parameter_of_another_type_than_declared_is_refused(name, value, says):
+    """papermill reads only True/False as booleans: `-p overwrite false` arrives as the
+    string "false", which `if overwrite:` would take as true."""
+    injected = f"# Parameters\n{name} = {value!r}\n"
+    with pytest.raises(params.ParamsError, match=re.escape(says)) as err:
+        params.check_notebook_parameters(notebook(injected, **{name: value}))
+    assert f"notebook parameter {name!r}" in str(err.value)
+
+
+def test_parameters_of_their_declared_types_pass():
+    injected = "# Parameters\noverwrite = True\nn_problems = 3\ncheckpoints = ['a', 'b']\n"
+    params.check_notebook_parameters(notebook(injected, overwrite=True, n_problems=3,
+                                              checkpoints=["a", "b"]))
+
+
+# issue 22 item 7: values that would run, but not as anyone meant
+@pytest.mark.parametrize("file,change,says", [
+    ("suite.yaml", lambda d: d["rollouts"].update(temperatures=[]), "the list is empty"),
+    ("suite.yaml", lambda d: d["filtering"].update(n_samples=0), "outside the allowed range"),
+    ("suite.yaml", lambda d: d["forcing"].update(groups=[]), "the list is empty"),
+    ("suite.yaml", lambda d: d["forcing"].update(groups=["target", "target"]),
+     "appear more than once"),
+    ("suite.yaml", lambda d: d["forcing"].update(pairs=[["rlvr_step_400", "rlvr_step_400"]]),
+     "two different models"),
+    ("suite.yaml", lambda d: d.update(target=d["reference"]), "'reference' and 'target' are both"),
+    ("rlvr_step_400.yaml", lambda d: d.update(step=-400), "is negative"),
+    ("rlvr_step_400.yaml", lambda d: d.update(step=800), "share step 800"),
+])
+def test_questionable_values_are_refused(params_copy, file, change, says):
+    edit(params_copy / "demo" / file, change)
+    with pytest.raises(params.ParamsError, match=re.escape(says)) as err:
+        params.load("demo")
+    assert "demo" in str(err.value)

@@ -128,3 +128,13 @@ def test_prior_import_naming_unknown_problems_fails():
     dpo = problem_sources.read_prior_responses(PRIOR / "dpo_responses.json")
     with pytest.raises(ProblemsError, match="missing from the problems table"):
         problem_sources.regrade_prior(dpo, probs, "dpo")
+
+
+def test_a_problem_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    """Issue 22 item 7: a Latin-1 file failed with a bare UnicodeDecodeError."""
+    for name in ("p.jsonl", "p.json"):
+        path = tmp_path / name
+        text = '{"unique_id": "a", "problem": "Café: 2 + 2?", "answer": "4"}'
+        path.write_bytes((text if name.endswith("l") else f"[{text}]").encode("latin-1"))
+        with pytest.raises(problem_sources.ProblemsError, match=f"{name}: not UTF-8 text"):
+            problem_sources.read_records(path)

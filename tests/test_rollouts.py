@@ -142,14 +142,14 @@ def test_sharded_run_resumes_without_recomputing(tmp_path):
 
 
 def test_a_compiled_decode_step_changes_the_sampling_keys():
-    from rlprobe_nb.tables import suite_keys
+    from rlprobe_nb.tables import lineage
 
     def sampling_keys(P):
-        return suite_keys.answers(P, "problems-sha"), suite_keys.rollouts(P, "sel", "problems-sha")
+        return lineage.answers_key(P, "problems-sha"), lineage.rollouts_key(P, "sel", "problems-sha")
     default = sampling_keys(params.load("demo"))
-    assert all("decode" not in key for key in default)  # default keys as they always were
+    assert all("runtime.compile_decode" not in key["params"] for key in default)
     compiled = sampling_keys(params.load("demo", overrides={"runtime.compile_decode": True}))
-    assert [k["decode"] for k in compiled] == ["compiled", "compiled"]
+    assert [k["params"]["runtime.compile_decode"] for k in compiled] == [True, True]
     assert params.load("tulu3").runtime.compile_decode
 
 

@@ -29,12 +29,12 @@ from rlprobe_nb.generation import rollouts
 from rlprobe_nb.problems import grading
 from rlprobe_nb.problems import sources as problem_sources
 from rlprobe_nb.suite import models, params
-from rlprobe_nb.tables import schemas, storage, suite_keys
+from rlprobe_nb.tables import lineage, schemas, storage
 
 DEVICE = os.environ.get("RLPROBE_TEST_DEVICE", "cpu")
 CHECKPOINT = "rlvr_step_1200"
 N_PROBLEMS, N_SAMPLES = 4, 4
-OVERRIDES = {"runtime.device": DEVICE, "runtime.dtype": "float32", "problem_sources.n": N_PROBLEMS,
+OVERRIDES = {"runtime.device": DEVICE, "runtime.dtype": "float32", "problems.n": N_PROBLEMS,
              "rollouts.n_per_problem": N_SAMPLES, "rollouts.max_new_tokens": 16,
              "rollouts.batch_size": N_SAMPLES,  # a problem's samples decoded together
              "forcing.batch_tokens": 256}  # 2 or 3 sequences a batch: 6 batches
@@ -85,7 +85,7 @@ def _rollouts(demo, out: Path) -> pd.DataFrame:
         temperatures=R.temperatures, max_new_tokens=R.max_new_tokens, seed=R.seed,
         batch_size=R.batch_size, timeout_s=P.grading.timeout_s, workers=1,
         manifest={"test": "sharding"},
-        key=suite_keys.rollouts(P, "sharding test", "sharding test"))
+        key=lineage.rollouts_key(P, "sharding test", "sharding test"))
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,23 @@
-"""Nothing stale is served as current (issue 9, acceptance 2): a small suite is run through
-01 -> 02 -> 03 with papermill, then each input is changed in turn — the reference's
-weights, the RLVR adapter, the tokenizer's chat template, a gold answer, a problem's text,
-top-k, max_rollouts, the configured pairs, the grader's version — and the notebook that
-depends on it must recompute or refuse, naming the difference. Unchanged, every notebook
-reuses its table without loading a model."""
+"""Nothing stale is served as current (issue 9, acceptance 2; issue 22, acceptance 2 and
+3): a small suite is run through 01 -> 02 -> 03 with papermill, then each input is
+changed in turn — the reference's weights (a GGUF model's converted copy), the RLVR
+adapter, the tokenizer's files and chat template, a gold answer, a problem's text, top-k,
+max_rollouts, the configured pairs, a source file of the grader or of a stage — and the
+notebook that depends on it must recompute or refuse, naming the difference. Unchanged,
+every notebook reuses its table without loading a model, saying so once. `-p overwrite
+false` never overwrites; a part copied in from another run is refused; a standard reader
+never opens a half-written table, even while 03 is killed mid-way."""
 
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from test_notebooks import outputs, papermill
@@ -24,12 +31,13 @@ LOADS = "Loading weights"
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    """The demo models as a local folder (reference) and a copied adapter (target), problems
-    from a file, everything small; 01, 02 and 03 run once."""
+    """The demo model as a GGUF reference whose converted copy lives in a private cache
+    (so a test may change it), a copied adapter (target), problems from a file, everything
+    small; 01, 02 and 03 run once."""
     root = tmp_path_factory.mktemp("stale")
-    ref = root / "models" / "dpo"
-    shutil.copytree(gguf_cache.convert_gguf(gguf_cache.demo_gguf_path(),
-                                            paths.cache_dir() / "models"), ref)
+    gguf = gguf_cache.demo_gguf_path()
+    ref = gguf_cache.cache_entry(gguf, root / "cache" / "models")
+    shutil.copytree(gguf_cache.convert_gguf(gguf, paths.cache_dir() / "models"), ref)
     adapter = root / "models" / "rlvr"
     shutil.copytree(paths.shipped_dir("demo") / "adapters" / "rlvr_step_1200", adapter)
     problems = root / "problems.jsonl"
@@ -40,7 +48,7 @@ def suite(tmp_path_factory):
     params.mkdir(parents=True)
     (params / "suite.yaml").write_text(yaml.safe_dump({
         "suite": "mini", "reference": "dpo", "target": "rlvr_step_1200",
-        "models": {"dpo": {"kind": "local", "path": str(ref)}},
+        "models": {"dpo": {"kind": "gguf", "path": str(gguf)}},
         "problems": {"source": "file", "path": str(problems)},
         "grading": {"timeout_s": 5.0, "workers": 1},
         "filtering": {"n_samples": 1, "max_new_tokens": 24, "batch_size": 8,
@@ -52,7 +60,7 @@ def suite(tmp_path_factory):
     (params / "rlvr_step_1200.yaml").write_text(yaml.safe_dump(
         {"step": 1200, "model": {"kind": "peft", "base": "dpo", "path": str(adapter)}}))
     env = {**os.environ, "RLPROBE_OUT": str(root / "out"),
-           "RLPROBE_PARAMS": str(root / "params")}
+           "RLPROBE_PARAMS": str(root / "params"), "RLPROBE_CACHE": str(root / "cache")}
     s = {"root": root, "ref": ref, "adapter": adapter, "problems": problems,
          "yaml": params / "suite.yaml", "env": env}
     for nb in ("01_filtering", "02_rollouts", "03_teacher_forcing"):
@@ -95,7 +103,7 @@ def edit_yaml(change):
 def test_unchanged_inputs_are_reused_without_loading_a_model(suite):
     for nb in ("01_filtering", "02_rollouts", "03_teacher_forcing"):
         ok, text = run(suite, nb)
-        assert ok and "reusing" in text and LOADS not in text, (nb, text[-2000:])
+        assert ok and text.count("reusing ") == 1 and LOADS not in text, (nb, text[-2000:])
 
 
 def flip_a_byte(path):
@@ -106,18 +114,22 @@ def flip_a_byte(path):
 
 @pytest.mark.parametrize("what,notebook,file,edit,named", [
     ("reference weights", "01_filtering", "ref/model.safetensors", flip_a_byte,
-     "models.dpo.files.model.safetensors"),
+     "models.dpo.converted.model.safetensors"),
     ("adapter weights", "03_teacher_forcing", "adapter/adapter_model.safetensors", flip_a_byte,
      "models.rlvr_step_1200.files.adapter_model.safetensors"),
     ("chat template", "02_rollouts", "ref/tokenizer_config.json",
      lambda p: p.write_text(p.read_text().replace("<|im_start|>", "<|im_start|> ", 1)),
-     "dpo.files.tokenizer_config.json"),
+     "dpo.converted.tokenizer_config.json"),
+    *[(f"GGUF chat template ({nb})", nb, "ref/chat_template.jinja",
+       lambda p: p.write_text(p.read_text().replace("<|im_start|>", "<|im_start|> ", 1)),
+       "models.dpo.converted.chat_template.jinja")
+      for nb in ("01_filtering", "02_rollouts", "03_teacher_forcing")],
     ("gold answer", "02_rollouts", "problems",
      lambda p: p.write_text(p.read_text().replace('"answer": "42"', '"answer": "41"')),
-     "source.file_sha256"),
+     "files.problems.path"),
     ("problem text", "03_teacher_forcing", "problems",
      lambda p: p.write_text(p.read_text().replace("What is $7", "What is $9")),
-     "source.file_sha256"),
+     "files.problems.path"),
     ("top-k", "03_teacher_forcing", "yaml", edit_yaml(lambda d: d["forcing"].update(topk=3)),
      "topk: 5 -> 3"),
     ("max_rollouts", "03_teacher_forcing", "yaml",
@@ -136,15 +148,32 @@ def test_a_changed_input_is_refused_with_the_difference_named(suite, what, noteb
     assert "StaleTableError" in text and LOADS not in text, (what, text[-2500:])
 
 
-def test_the_grader_version_is_part_of_the_key(suite, tmp_path):
-    """A newer grader (simulated by a sitecustomize that bumps GRADER_VERSION in the kernel)
-    makes the answers table stale."""
-    (tmp_path / "sitecustomize.py").write_text(
-        "import rlprobe_nb.problems.grading as g\ng.GRADER_VERSION = 'newer'\n")
-    env = {**suite["env"], "PYTHONPATH": os.pathsep.join(
-        [str(tmp_path), suite["env"].get("PYTHONPATH", "")]).strip(os.pathsep)}
-    ok, text = run(suite, "01_filtering", env=env)
-    assert not ok and "grader.version" in text and "-> newer" in text, text[-2500:]
+def changed_code(root: Path, edits: dict[str, tuple[str, str]]) -> dict:
+    """An environment whose kernels import a copy of the package with ``edits`` (file ->
+    (old text, new text)) applied: what a user gets after editing the code."""
+    copy = root / "changed_code"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(paths.PACKAGE_DIR, copy / "rlprobe_nb",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name, (old, new) in edits.items():
+        f = copy / "rlprobe_nb" / name
+        assert old in f.read_text(), (name, old)
+        f.write_text(f.read_text().replace(old, new, 1))
+    return {"PYTHONPATH": str(copy)}
+
+
+@pytest.mark.parametrize("notebook,file,old,new", [
+    ("01_filtering", "problems/grading.py", "MAX_ANSWER_CHARS = 2000", "MAX_ANSWER_CHARS = 1"),
+    ("02_rollouts", "problems/grading.py", "MAX_ANSWER_CHARS = 2000", "MAX_ANSWER_CHARS = 1"),
+    ("03_teacher_forcing", "forcing/metrics.py", "\n", "\n# a changed line\n"),
+])
+def test_a_changed_source_file_is_refused_by_name(suite, notebook, file, old, new):
+    """A measurement tool notices that the code that computed a table changed: the grader
+    (answers, rollouts), the teacher-forcing math (token tables)."""
+    env = {**suite["env"], **changed_code(suite["root"], {file: (old, new)})}
+    ok, text = run(suite, notebook, env=env)
+    assert not ok and f"code.files.{file}" in text and "StaleTableError" in text, text[-2500:]
+    assert LOADS not in text
 
 
 def test_changed_pairs_compute_the_new_pair_and_reuse_the_rest(suite):
@@ -157,10 +186,127 @@ def test_changed_pairs_compute_the_new_pair_and_reuse_the_rest(suite):
     assert storage.is_complete(folder)
 
 
+TOKENS = ("tokens", "rlvr_step_1200__vs__dpo")
+
+
+def data(suite) -> Path:
+    return Path(suite["env"]["RLPROBE_OUT"]) / "data" / "mini"
+
+
+@pytest.mark.parametrize("notebook", ["02_rollouts", "03_teacher_forcing"])
+def test_overwrite_false_is_refused_never_taken_for_true(suite, notebook):
+    """papermill passes `-p overwrite false` as the string "false"."""
+    before = storage.read_manifest(data(suite).joinpath(*TOKENS))["key_sha"]
+    extra = [("checkpoint", "rlvr_step_1200")] if notebook.startswith("03") else []
+    with changed(suite["yaml"], edit_yaml(lambda d: d["forcing"].update(topk=6))):
+        result = papermill(f"{notebook}.ipynb", suite["root"] / "o.ipynb", ("suite", "mini"),
+                           *extra, ("overwrite", "false"), env=suite["env"])
+        text = outputs(suite["root"] / "o.ipynb")
+    assert result.returncode != 0 and "notebook parameter 'overwrite'" in text, text[-2000:]
+    assert storage.read_manifest(data(suite).joinpath(*TOKENS))["key_sha"] == before
+
+
+def test_a_divergence_source_change_makes_04s_tables_stale(suite, tmp_path):
+    """Chapter 04's tables key on divergence/'s source files: one written by other code
+    than the current one is refused, naming the file. (Written here as 04 writes them,
+    through lineage.write_derived from the current token tables: notebook 04 itself needs
+    more than the one checkpoint of this suite.)"""
+    write = ("import pandas as pd, pyarrow as pa\n"
+             "from rlprobe_nb.suite import params\nfrom rlprobe_nb.tables import lineage, suite_tables\n"
+             "P = params.load('mini')\nsuite_tables.read_tokens(P)\n"
+             "lineage.write_derived(P, 'divergence_when', pd.DataFrame({'x': [1]}), "
+             "pa.schema([('x', pa.int32())]), {}, {'seed': 0}, 'notebooks/04_divergence')\n")
+    check = ("from rlprobe_nb.suite import params\nfrom rlprobe_nb.tables import lineage\n"
+             "lineage.read_current(params.load('mini'), 'divergence_when')\nprint('CURRENT')\n")
+    here = {**suite["env"], "PYTHONPATH": str(paths.REPO_ROOT)}
+    edited = {**suite["env"], **changed_code(tmp_path, {"divergence/summary.py": ("\n", "\n# x\n")})}
+
+    def python(code, env):
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=600, cwd=tmp_path)  # not the checkout's package
+    for writer, reader in ((here, edited), (edited, here)):
+        done = python(write, writer)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "CURRENT" in python(check, writer).stdout
+        refused = python(check, reader)
+        assert refused.returncode != 0 and "StaleTableError" in refused.stderr
+        assert "code.files.divergence/summary.py" in refused.stderr, refused.stderr[-2000:]
+
+
+SLOW_SHARDS = """
+import time
+from rlprobe_nb.tables import storage
+_write = storage.ShardedTable.write_shard
+def _slow(self, key, df):
+    time.sleep(1.0)
+    return _write(self, key, df)
+storage.ShardedTable.write_shard = _slow
+"""
+
+
+def readable_tables(root: Path) -> dict[str, tuple[int, int | None]]:
+    """Every table folder under ``root`` (a folder holding parquet files) that a standard
+    reader opens: (rows it read, rows its manifest says). Hidden folders (a run's working
+    folder, a writer's lock) are no table folders: standard readers skip them as they skip
+    hidden files."""
+    seen = {}
+    for folder in [p for p in root.rglob("*") if p.is_dir()]:
+        if any(part.startswith(".") for part in folder.relative_to(root).parts) \
+                or not any(folder.glob("*.parquet")):
+            continue
+        try:
+            rows = len(pd.read_parquet(folder))
+        except Exception:  # noqa: BLE001 - not a table a reader can open
+            continue
+        man = folder / storage.MANIFEST
+        seen[str(folder.relative_to(root))] = (rows, storage.read_json(man)["rows"]
+                                               if man.exists() else None)
+    return seen
+
+
+def test_a_run_of_03_killed_midway_leaves_no_half_table_and_adopts_no_foreign_part(suite, tmp_path):
+    """While 03 recomputes the token table (top-k 3, overwrite) and is killed mid-way,
+    every folder a standard reader can open holds a complete table; a part of the old
+    table copied into the unfinished run is refused; without it the run resumes."""
+    (tmp_path / "sitecustomize.py").write_text(SLOW_SHARDS)
+    env = {**suite["env"], "PYTHONPATH": os.pathsep.join([str(tmp_path), str(paths.REPO_ROOT)])}
+    table = data(suite).joinpath(*TOKENS)
+    work = storage.work_dir(table)
+    with changed(suite["yaml"], edit_yaml(lambda d: d["forcing"].update(topk=3))):
+        args = [sys.executable, "-m", "papermill", "--no-progress-bar",
+                str(paths.notebooks_dir() / "03_teacher_forcing.ipynb"), str(tmp_path / "o.ipynb"),
+                "-p", "suite", "mini", "-p", "overwrite", "True", "-p", "batch_tokens", "48"]
+        proc = subprocess.Popen(args, env=env, cwd=paths.REPO_ROOT, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline, seen = time.time() + 900, []
+        while not list(work.glob("part-*.parquet")):
+            assert proc.poll() is None and time.time() < deadline, "03 wrote no part in time"
+            seen.append(readable_tables(data(suite)))
+            time.sleep(0.2)
+        seen.append(readable_tables(data(suite)))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        seen.append(readable_tables(data(suite)))
+        for snapshot in seen:
+            for folder, (rows, listed) in snapshot.items():
+                assert rows == listed, (folder, rows, listed)  # complete, or not openable
+        assert "/".join(TOKENS) in seen[-1] and storage.read_manifest(table)["rows"]
+        old_part = next(table.glob("part-*.parquet"))  # the complete top-k 5 table
+        foreign = work / old_part.name
+        shutil.copy(old_part, foreign)
+        ok, text = run(suite, "03_teacher_forcing", ("overwrite", True))
+        assert not ok and "belongs to another table" in text and old_part.name in text, text[-2500:]
+        foreign.unlink()
+        ok, text = run(suite, "03_teacher_forcing", ("overwrite", True))
+        assert ok, text[-2500:]
+        assert storage.read_manifest(table)["key"]["settings"]["topk"] == 3
+        assert len(storage.read_table(table).topk_ids_ref.iloc[0]) == 3
+
+
 def test_overwrite_recomputes_under_the_new_key(suite):
     with changed(suite["yaml"], edit_yaml(lambda d: d["forcing"].update(topk=3))):
         ok, text = run(suite, "03_teacher_forcing", ("overwrite", True))
         assert ok, text[-2500:]
         folder = Path(suite["env"]["RLPROBE_OUT"]) / "data" / "mini" / "tokens" / "rlvr_step_1200__vs__dpo"
-        assert storage.read_manifest(folder)["key"]["topk"] == 3
+        assert storage.read_manifest(folder)["key"]["settings"]["topk"] == 3
         assert len(storage.read_table(folder).topk_ids_ref.iloc[0]) == 3

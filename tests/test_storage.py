@@ -60,7 +60,12 @@ def test_sharded_table_resumes_and_refuses_other_inputs(tmp_path):
         storage.ShardedTable(tmp_path / "s", SCHEMA).begin("fp2")
     fresh = storage.ShardedTable(tmp_path / "s", SCHEMA)
     fresh.begin("fp2", overwrite=True)
-    assert fresh.done() == set() and not storage.is_complete(tmp_path / "s")
+    # the complete table stays in place until the new one is complete and replaces it
+    assert fresh.done() == set() and storage.read_manifest(tmp_path / "s")["key"] == {
+        "fingerprint": "fp1"}
+    fresh.write_shard("00000", frame(1))
+    fresh.finish({"suite": "test"}, expected=["00000"])
+    assert len(storage.read_table(tmp_path / "s")) == 1
 
 
 def test_finish_refuses_missing_shards(tmp_path):

@@ -62,7 +62,7 @@ def test_edited_row_count_in_manifest_is_refused(sharded):
     man = json.loads((sharded / storage.MANIFEST).read_text())
     man["rows"] = 11
     (sharded / storage.MANIFEST).write_text(json.dumps(man))
-    with pytest.raises(storage.DamagedTableError, match="says 11 rows"):
+    with pytest.raises(storage.DamagedTableError, match="does not match its checksum"):
         storage.read_table(sharded)
 
 
@@ -148,7 +148,7 @@ def test_files_honour_the_umask(tmp_path):
 def test_a_second_writer_is_refused_and_names_the_first(tmp_path):
     first = _writer(tmp_path / "t", 20)
     assert first.stdout.readline().strip() == "WRITING"
-    tmp_litter = tmp_path / "t" / ".part-z.abc.tmp.parquet"
+    tmp_litter = storage.work_dir(tmp_path / "t") / ".part-z.abc.tmp.parquet"
     tmp_litter.write_bytes(b"in flight")  # the first writer's temporary file
     table = storage.ShardedTable(tmp_path / "t", pa.schema([("id", pa.string())]))
     with pytest.raises(storage.TableBusyError, match=f"pid {first.pid}"):
@@ -169,3 +169,86 @@ def test_the_same_process_may_rewrite_after_an_error(tmp_path):
     again.write_shard("a", frame(2))
     again.finish({}, ["a"])
     assert storage.ShardedTable(tmp_path / "t", SCHEMA).begin({"inputs": 1}) is True
+
+
+# --------------------------------------------------------------- issue 22, items 2 and 6
+
+def test_a_part_of_another_table_is_refused_on_resume_on_finish_and_on_read(tmp_path):
+    """Parts of two tables share their names (same units of work, e.g. the same rollouts
+    forced through two checkpoints): a part carries its table's key, so a part copied
+    from the other table is never adopted."""
+    other = storage.ShardedTable(tmp_path / "other", SCHEMA)
+    other.begin({"checkpoint": "rlvr_step_800"})
+    other.write_shard("00000", frame(2))
+    foreign = next(storage.parts_on_disk(other.work).values().__iter__())
+    mine = storage.ShardedTable(tmp_path / "mine", SCHEMA)
+    mine.begin({"checkpoint": "rlvr_step_400"})
+    mine.release()
+    (mine.work / foreign.name).write_bytes(foreign.read_bytes())  # the run's own _run.json kept
+    resumed = storage.ShardedTable(tmp_path / "mine", SCHEMA)
+    with pytest.raises(storage.DamagedTableError, match="belongs to another table"):
+        resumed.begin({"checkpoint": "rlvr_step_400"})
+    with pytest.raises(storage.DamagedTableError, match=f"{foreign.name} belongs to another"):
+        mine.finish({}, ["00000"])  # a run that had begun before the part came in
+    assert not (tmp_path / "mine").exists()
+    # and in a finished table, a part swapped for the other table's (checksums updated)
+    other.finish({}, ["00000"])
+    mine = storage.ShardedTable(tmp_path / "mine2", SCHEMA)
+    mine.begin({"checkpoint": "rlvr_step_400"})
+    mine.write_shard("00000", frame(2))
+    mine.finish({}, ["00000"])
+    done, theirs = parts(tmp_path / "mine2")[0], parts(tmp_path / "other")[0]
+    done.unlink()
+    (tmp_path / "mine2" / theirs.name).write_bytes(theirs.read_bytes())
+    man = json.loads((tmp_path / "mine2" / storage.MANIFEST).read_text())
+    man["parts"][0].update(file=theirs.name, sha256=storage.sha256_of(theirs))
+    man["parts_sha256"] = storage.parts_checksum(man["parts"], man["rows"], man["key_sha"])
+    (tmp_path / "mine2" / storage.MANIFEST).write_text(json.dumps(man))
+    with pytest.raises(storage.DamagedTableError, match="belongs to another table"):
+        storage.read_table(tmp_path / "mine2")
+
+
+def test_an_unfinished_table_is_invisible_to_standard_readers(tmp_path):
+    table = storage.ShardedTable(tmp_path / "t", SCHEMA)
+    table.begin({"inputs": 1})
+    table.write_shard("00000", frame(3))
+    assert not (tmp_path / "t").exists()  # nothing a reader could open, yet
+    with pytest.raises((FileNotFoundError, OSError)):
+        pd.read_parquet(tmp_path / "t")
+    table.write_shard("00001", frame(2, start=3))
+    table.finish({}, ["00000", "00001"])
+    assert len(pd.read_parquet(tmp_path / "t")) == 5 and not table.work.exists()
+    # rewriting a complete table: readers see the old one whole until the new one is
+    again = storage.ShardedTable(tmp_path / "t", SCHEMA)
+    again.begin({"inputs": 2}, overwrite=True)
+    again.write_shard("00000", frame(1))
+    assert len(pd.read_parquet(tmp_path / "t")) == 5
+    again.finish({}, ["00000"])
+    assert len(pd.read_parquet(tmp_path / "t")) == 1
+
+
+def test_a_part_removed_with_its_manifest_entry_and_totals_fixed_is_refused(sharded):
+    man = json.loads((sharded / storage.MANIFEST).read_text())
+    gone = man["parts"].pop(1)
+    (sharded / gone["file"]).unlink()
+    man["rows"] -= gone["rows"]
+    man["shards"] -= 1
+    (sharded / storage.MANIFEST).write_text(json.dumps(man))
+    with pytest.raises(storage.DamagedTableError, match="part list does not match its checksum"):
+        storage.read_table(sharded)
+
+
+def test_a_truncated_part_is_refused_by_name(sharded):
+    part = parts(sharded)[1]
+    part.write_bytes(part.read_bytes()[:-40])
+    with pytest.raises(storage.DamagedTableError, match=part.name):
+        storage.read_table(sharded)
+    # and one left in a run's working folder, found on resume
+    table = storage.ShardedTable(sharded.parent / "r", SCHEMA)
+    table.begin({"inputs": 1})
+    table.write_shard("00000", frame(2))
+    table.release()
+    left = parts(table.work)[0]
+    left.write_bytes(left.read_bytes()[:-40])
+    with pytest.raises(storage.DamagedTableError, match=f"{left.name} cannot be read"):
+        storage.ShardedTable(sharded.parent / "r", SCHEMA).begin({"inputs": 1})

@@ -1,13 +1,15 @@
 """Chapters 04 on read every token table of a suite through suite_tables: with none forced
 they stop at once naming the 03 runs; a derived table (spikes, aggregates) whose token
-tables changed is refused."""
+tables changed is refused (lineage)."""
 
 import pandas as pd
 import pyarrow as pa
 import pytest
 
 from rlprobe_nb.suite import params
-from rlprobe_nb.tables import storage, suite_tables
+from test_counterfactuals_table import stub_token_tables
+
+from rlprobe_nb.tables import lineage, storage, suite_tables
 
 
 def test_nothing_forced_names_the_missing_runs(tmp_path, monkeypatch):
@@ -22,15 +24,15 @@ def test_nothing_forced_names_the_missing_runs(tmp_path, monkeypatch):
 def test_a_derived_table_of_other_token_tables_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("RLPROBE_OUT", str(tmp_path))
     P = params.load("demo")
-    shas = {"rlvr_step_1200__vs__dpo": "aaaa"}
-    monkeypatch.setattr(suite_tables, "token_shas", lambda P, pairs=None: dict(shas))
+    shas = {"tokens/rlvr_step_1200__vs__dpo": "aaaa"}
+    stub_token_tables(monkeypatch, shas)
     schema = pa.schema([("x", pa.int32())])
-    suite_tables.write_derived(P, "spikes", pd.DataFrame({"x": [1, 2]}), schema, {}, {"q": 0.05},
-                               "notebooks/05_spikes")
-    assert list(suite_tables.read_derived(P, "spikes").x) == [1, 2]
-    shas["rlvr_step_1200__vs__dpo"] = "bbbb"  # the token table was recomputed since
+    lineage.write_derived(P, "spikes", pd.DataFrame({"x": [1, 2]}), schema, {}, {"q": 0.05},
+                          "notebooks/05_spikes")
+    assert list(lineage.read_derived(P, "spikes").x) == [1, 2]
+    shas["tokens/rlvr_step_1200__vs__dpo"] = "bbbb"  # the token table was recomputed since
     with pytest.raises(storage.StaleTableError, match="aaaa -> bbbb.*rerun notebooks/05_spikes"):
-        suite_tables.read_derived(P, "spikes")
+        lineage.read_derived(P, "spikes")
 
 
 def test_accuracy_of_the_demo_suite_comes_from_its_recorded_run():

@@ -4,8 +4,8 @@ and computed in resumable shards.
 What its rows depend on (``branches_settings``): the policy models' identities, the
 rollouts table, the plan itself (positions, arms, substituted tokens, categories), n, the
 temperature, the response limit, the seed, the prompt template, the dtype and the grader.
-``suite_tables.derived_key`` adds the token tables the plan was drawn from, so the table
-is refused as stale (``suite_tables.read_derived``) once any of them changes. Batch size
+``lineage.derived_key`` adds the token tables the plan was drawn from and the code, so the
+table is refused as stale (``lineage.read_derived``) once any of them changes. Batch size
 and prefix sharing are in no key: continuations do not depend on them (seeds follow the
 context; see ``continuations``).
 
@@ -13,7 +13,7 @@ Work goes shard by shard into ``branches_shards`` (shards: policy model × a chu
 rollouts, each named by the hash of its part of the plan), keyed like the table, so an
 interrupted run resumes where it stopped and a run with other inputs is refused unless
 ``overwrite``. Once every shard exists they become the one ``branches`` table (written
-through ``suite_tables.write_derived``) and the shard folder is removed. One model is in
+through ``lineage.write_derived``) and the shard folder is removed. One model is in
 memory at a time. With several GPUs the missing shards are shared among one worker process
 per GPU (``distributed.run_shards``); a shard's rows do not depend on which worker wrote
 it, so the table is the same for any number of workers.
@@ -30,9 +30,8 @@ from rlprobe_nb import distributed
 from rlprobe_nb.counterfactuals.passes import pass_counts, with_prefix_len
 from rlprobe_nb.suite import models, paths
 from rlprobe_nb.suite.params import Params
-from rlprobe_nb.tables import keys, schemas, storage, suite_keys, suite_tables
+from rlprobe_nb.tables import keys, lineage, schemas, storage
 
-VERSION = 1  # bump when the code changes the rows it writes
 UNIQUE = ["model", "rollout_id", "kind", "pos", "arm"]
 
 
@@ -47,13 +46,14 @@ def branches_settings(P: Params, plan: pd.DataFrame, rollouts_sha: str, *, check
                       n: int, temperature: float, max_new_tokens: int, seed: int) -> dict:
     """Everything the rows of a branches run depend on besides the token tables."""
     names = sorted(plan["model"].unique())
-    return {"code_version": VERSION, "checkpoint": checkpoint, "rollouts": rollouts_sha,
+    return {"checkpoint": checkpoint, "rollouts": rollouts_sha,
             "models": {m: models.model_identity(m, P) for m in names},
             "plan": keys.key_sha(plan_records(plan)), "rows": len(plan),
             "sampling": {"n": int(n), "temperature": float(temperature),
                          "max_new_tokens": int(max_new_tokens), "seed": int(seed)},
             "template": P.prompt_template, "dtype": P.runtime.dtype,
-            "grader": suite_keys.grader(P)}
+            "grader": {"timeout_s": P.grading.timeout_s,
+                       **{p: lineage.package_version(p) for p in lineage.GRADER_PACKAGES}}}
 
 
 def _safe(name: str) -> str:
@@ -104,10 +104,10 @@ def run_branches(P: Params, plan: pd.DataFrame, rollouts: pd.DataFrame, gold: di
     reused; one with another key is refused unless ``overwrite``."""
     plan = with_prefix_len(plan)
     folder = paths.table_dir(P.suite, "branches")
-    key = suite_tables.derived_key(P, "branches", settings)
+    key = lineage.derived_key(P, "branches", settings)
     if storage.plan_reuse(folder, key, overwrite):
         print(f"reusing {folder}: complete, same inputs (key {keys.key_sha(key)})")
-        return suite_tables.read_derived(P, "branches")
+        return lineage.read_derived(P, "branches")
     work = storage.ShardedTable(paths.table_dir(P.suite, "branches_shards"), schemas.BRANCHES,
                                 unique=UNIQUE)
     work.begin(key, overwrite=overwrite, what=f"({producer}, branches)")
@@ -133,6 +133,6 @@ def run_branches(P: Params, plan: pd.DataFrame, rollouts: pd.DataFrame, gold: di
         work.release()
         frame = schemas.BRANCHES.empty_table().to_pandas()
     loaded.clear()
-    suite_tables.write_derived(P, "branches", frame, schemas.BRANCHES, manifest, settings, producer)
+    lineage.write_derived(P, "branches", frame, schemas.BRANCHES, manifest, settings, producer)
     shutil.rmtree(work.folder, ignore_errors=True)
-    return suite_tables.read_derived(P, "branches")
+    return lineage.read_derived(P, "branches")

@@ -1,5 +1,5 @@
 """How much, when and where each checkpoint departs from the reference: the aggregates of
-chapter 04 over the concatenated per-token tables (``suite_tables.read_tokens``).
+chapter 04 over the concatenated per-token tables (``tables.suite_tables.read_tokens``).
 
 Every function takes the rows of the checkpoints against *one* reference (the table's
 ``step`` column places each checkpoint; the reference is step 0) and returns a long
@@ -314,11 +314,11 @@ def write_aggregates(P, tables: dict, seed: int, extra: dict | None = None,
     data/<suite>/<name>/ with its schema and one manifest (the suite's parameters, the
     bootstrap seed and ``extra``, e.g. what the token tables were), keyed on the token
     tables it was computed from and ``settings``. Returns the folders."""
-    from rlprobe_nb.tables import suite_tables
+    from rlprobe_nb.tables import lineage
 
     manifest = provenance.manifest(P, seeds={"bootstrap": seed, "n_boot": clustered.N_BOOT},
                                    extra=extra)
     for name, frame in tables.items():
-        suite_tables.write_derived(P, name, frame, schemas.TABLES[name], manifest,
+        lineage.write_derived(P, name, frame, schemas.TABLES[name], manifest,
                                    {"seed": seed, **(settings or {})}, "notebooks/04_divergence")
     return [paths.table_dir(P.suite, name) for name in tables]

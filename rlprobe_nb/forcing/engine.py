@@ -19,7 +19,7 @@ cache files are named by their content, so a rerun at any batch size computes on
 is missing. An out-of-memory error halves ``batch_tokens`` and goes on
 (accelerate's ``find_executable_batch_size``); finished shards are kept.
 
-A run can be shared among processes (``distributed.run_pair``): the coordinator takes the
+A run can be shared among processes (``forcing.sharded.run_pair``): the coordinator takes the
 locks, plans the batches over every missing sequence (``pending`` and ``plan_batches``)
 and gives each worker whole batches; a worker's ``run_pair(..., share=Share(...))``
 computes only its sequences (planned over them alone, its batches are the coordinator's),
@@ -56,11 +56,15 @@ from rlprobe_nb.forcing.heads import (
 )
 from rlprobe_nb.forcing.hidden_cache import HiddenCache
 from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
-from rlprobe_nb.forcing.token_table import UNIQUE, covered_rollouts, rows_table
+from rlprobe_nb.forcing.token_table import UNIQUE, covered_rollouts, rows_table, table_key
 from rlprobe_nb.forcing.transfer import DeviceCopy, HostCopy
+from rlprobe_nb.generation.out_of_memory import halving_on_oom, is_out_of_memory
 from rlprobe_nb.progress import tqdm
 from rlprobe_nb.suite import paths, tokenizers
-from rlprobe_nb.tables import keys, schemas, storage
+from rlprobe_nb.tables import keys, lineage, schemas, storage
+
+# The code a model's cached hidden states depend on: the forward of the body, the cache.
+HIDDEN_CODE = ("forcing/body.py", "forcing/hidden_cache.py", "forcing/batching.py")
 
 
 @dataclass
@@ -99,15 +103,7 @@ def hidden_dir(suite: str, model_name: str, identity: dict | None = None) -> Pat
 
 
 def pair_dir(suite: str, checkpoint: str, reference: str) -> Path:
-    return paths.table_dir(suite, f"tokens/{checkpoint}__vs__{reference}")
-
-
-def table_key(seqs: SequenceSet, checkpoint: str, reference: str, topk: int,
-              inputs: dict | None = None) -> dict:
-    """The token table's key: the forced sequences (ids, labels, tokenizer), top-k, the
-    engine's version and the caller's inputs (model identities, parameters, upstream)."""
-    return keys.stage("tokens", checkpoint=checkpoint, reference=reference,
-                      sequences=seqs.fingerprint(), topk=int(topk), inputs=inputs or {})
+    return paths.table_dir(suite, paths.token_table_name(checkpoint, reference))
 
 
 def _cache_identity(side: Side, seqs: SequenceSet) -> dict:
@@ -115,7 +111,7 @@ def _cache_identity(side: Side, seqs: SequenceSet) -> dict:
     return {"name": side.name, "dtype": str(p.dtype).replace("torch.", ""),
             "hidden_size": getattr(getattr(side.model, "config", None), "hidden_size", None),
             "tokenizer": seqs.tokenizer, "model": side.identity,
-            "version": keys.STAGE_VERSIONS["hidden"]}
+            "code": lineage.code_hashes(None, HIDDEN_CODE)["files"]}
 
 
 def pending(seqs: SequenceSet, out_dir: Path | None, forwarded: list[HiddenCache]
@@ -124,7 +120,7 @@ def pending(seqs: SequenceSet, out_dir: Path | None, forwarded: list[HiddenCache
     the others that one of the ``forwarded`` sides' caches lacks."""
     covered: set[str] = set()
     if out_dir is not None:
-        for rollouts in covered_rollouts(storage.parts_on_disk(out_dir)).values():
+        for rollouts in covered_rollouts(storage.parts_on_disk(storage.work_dir(out_dir))).values():
             covered |= rollouts
     need_rows = [s for s in seqs.sequences if out_dir is not None and s.rollout_id not in covered]
     rest = [s for s in seqs.sequences if out_dir is None or s.rollout_id in covered]
@@ -332,10 +328,8 @@ class _PairRun:
     def _forward(self, model, ids, mask, rows) -> torch.Tensor:
         try:
             return forward_hidden(model, ids, mask, rows)
-        except torch.OutOfMemoryError:
-            raise
         except Exception as err:  # noqa: BLE001 - a compiler failure: go on eager
-            if id(model) not in self.compiled:
+            if is_out_of_memory(err) or id(model) not in self.compiled:
                 raise
             warnings.warn(f"compiled decoder layers failed ({err!r}); forwarding eager")
             compile_layers(self.compiled.pop(id(model)), enable=False)
@@ -353,8 +347,6 @@ class _PairRun:
     # the whole run -----------------------------------------------------------------
     def run(self, batch_tokens: int) -> None:
         """The loop with head saving alongside, compiled layers, and the OOM back-off."""
-        from accelerate.utils import find_executable_batch_size
-
         # models whose layers the caller compiled already are left as they are
         self.compiled = {id(s.model): s.model for s in self.sides
                          if s.model is not None and self.compiled_layers
@@ -366,22 +358,18 @@ class _PairRun:
                  if s.model is not None and c is not None and not c.has_head()
                  and (self.share is None or self.share.saves_heads)]
 
-        def halve() -> int:
-            size = self.batch_sizes[-1] // 2
-            warnings.warn(f"out of memory at batch_tokens={self.batch_sizes[-1]}: retrying at "
-                          f"{size} (finished shards are kept)")
-            return size
+        def halved(old: int, new: int) -> str:
+            return f"out of memory at batch_tokens={old}: retrying at {new} (finished shards are kept)"
 
         try:
             for model in self.compiled.values():
                 compile_layers(model)
             self.t0 = time.perf_counter()
-            find_executable_batch_size(self.loop, starting_batch_size=batch_tokens,
-                                       reduce_batch_size_fn=halve)()
+            halving_on_oom(self.loop, batch_tokens, halved)
             for f in saves:
                 f.result()
-        except RuntimeError as err:
-            if "No executable batch size" not in str(err):
+        except Exception as err:
+            if not is_out_of_memory(err):
                 raise
             raise MemoryError(f"out of memory even at batch_tokens=1 (one sequence a batch): "
                               f"lower chunk_positions ({self.chunk_positions}) or use a device "

@@ -93,21 +93,12 @@ def _js_term(p, q, d, CPU: tl.constexpr):
 
 
 @triton.jit
-def _rows_kernel(P, Q, TOK, V, stride_p, stride_q,
-                 MAX_P, MAX_Q, LOGSUM_P, LOGSUM_Q, SUMS, RANKS, BMAX_P, BMAX_Q, NBLK,
-                 BLOCK: tl.constexpr, TOPK_BLOCK: tl.constexpr, NB: tl.constexpr,
-                 WRITE_BMAX: tl.constexpr,
-                 CPU: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    p_row = P + row * stride_p
-    q_row = Q + row * stride_q
-    tok = tl.load(TOK + row)
-    tok_p = tl.load(p_row + tok)
-    tok_q = tl.load(q_row + tok)
+def _maxima_and_ranks(p_row, q_row, row, tok_p, tok_q, V, BMAX_P, BMAX_Q, NBLK,
+                      BLOCK: tl.constexpr, TOPK_BLOCK: tl.constexpr, NB: tl.constexpr,
+                      WRITE_BMAX: tl.constexpr):
+    """Pass 1: row maxima, ranks (1 + entries with a strictly larger logit) and the maxima
+    of TOPK_BLOCK-wide blocks, top-k's prefilter (divergence.topk_logits)."""
     offs = tl.arange(0, BLOCK)
-
-    # pass 1: row maxima, ranks (1 + entries with a strictly larger logit) and the maxima
-    # of TOPK_BLOCK-wide blocks, top-k's prefilter (divergence.topk_logits)
     mx_p = tl.full([BLOCK], float("-inf"), tl.float32)
     mx_q = tl.full([BLOCK], float("-inf"), tl.float32)
     above_p = tl.zeros([BLOCK], tl.int32)
@@ -128,11 +119,14 @@ def _rows_kernel(P, Q, TOK, V, stride_p, stride_q,
                      mask=keep)
             tl.store(BMAX_Q + row * NBLK + bidx, tl.max(tl.reshape(xq, (NB, TOPK_BLOCK)), 1),
                      mask=keep)
-    m_p = tl.max(mx_p, 0)
-    m_q = tl.max(mx_q, 0)
+    return tl.max(mx_p, 0), tl.max(mx_q, 0), tl.sum(above_p, 0) + 1, tl.sum(above_q, 0) + 1
 
-    # pass 2: sum of exp(z) in float64, exp taken in float64 too: an fp32 exp would leave
-    # ~1e-7 in the log-sums, which is 1e-5 relative in k1..k3 when log r ~ 0.01
+
+@triton.jit
+def _log_sums(p_row, q_row, m_p, m_q, V, BLOCK: tl.constexpr, CPU: tl.constexpr):
+    """Pass 2: log of the sum of exp(z) in float64, exp taken in float64 too: an fp32 exp
+    would leave ~1e-7 in the log-sums, which is 1e-5 relative in k1..k3 when log r ~ 0.01."""
+    offs = tl.arange(0, BLOCK)
     se_p = tl.zeros([BLOCK], tl.float64)
     se_q = tl.zeros([BLOCK], tl.float64)
     for start in range(0, V, BLOCK):
@@ -142,13 +136,17 @@ def _rows_kernel(P, Q, TOK, V, stride_p, stride_q,
         xq = tl.load(q_row + idx, mask=inside, other=float("-inf"))
         se_p += _exp((xp - m_p).to(tl.float64), CPU)
         se_q += _exp((xq - m_q).to(tl.float64), CPU)
-    ls_p64 = _log(tl.sum(se_p, 0), CPU)
-    ls_q64 = _log(tl.sum(se_q, 0), CPU)
+    return _log(tl.sum(se_p, 0), CPU), _log(tl.sum(se_q, 0), CPU)
+
+
+@triton.jit
+def _divergence_sums(p_row, q_row, m_p, m_q, ls_p64, ls_q64, V, BLOCK: tl.constexpr,
+                     CPU: tl.constexpr):
+    """Pass 3: KL(P||Q), KL(Q||P), H(P), H(Q) and JS, fp32 terms accumulated in float64."""
+    offs = tl.arange(0, BLOCK)
     ls_p = ls_p64.to(tl.float32)
     ls_q = ls_q64.to(tl.float32)
     dls = (ls_p64 - ls_q64).to(tl.float32)
-
-    # pass 3: the divergence sums, fp32 terms accumulated in float64
     kl_pq = tl.zeros([BLOCK], tl.float64)
     kl_qp = tl.zeros([BLOCK], tl.float64)
     en_p = tl.zeros([BLOCK], tl.float64)
@@ -176,18 +174,37 @@ def _rows_kernel(P, Q, TOK, V, stride_p, stride_q,
         en_p += tl.where(hp, p * lp, 0.0).to(tl.float64)
         en_q += tl.where(hq, q * lq, 0.0).to(tl.float64)
         js += _js_term(p, q, d, CPU).to(tl.float64)
+    return (tl.sum(kl_pq, 0), -tl.sum(kl_qp, 0), -tl.sum(en_p, 0), -tl.sum(en_q, 0),
+            0.5 * tl.sum(js, 0))
 
+
+@triton.jit
+def _rows_kernel(P, Q, TOK, V, stride_p, stride_q,
+                 MAX_P, MAX_Q, LOGSUM_P, LOGSUM_Q, SUMS, RANKS, BMAX_P, BMAX_Q, NBLK,
+                 BLOCK: tl.constexpr, TOPK_BLOCK: tl.constexpr, NB: tl.constexpr,
+                 WRITE_BMAX: tl.constexpr,
+                 CPU: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    p_row = P + row * stride_p
+    q_row = Q + row * stride_q
+    tok = tl.load(TOK + row)
+    m_p, m_q, rank_p, rank_q = _maxima_and_ranks(
+        p_row, q_row, row, tl.load(p_row + tok), tl.load(q_row + tok), V, BMAX_P, BMAX_Q,
+        NBLK, BLOCK, TOPK_BLOCK, NB, WRITE_BMAX)
+    ls_p64, ls_q64 = _log_sums(p_row, q_row, m_p, m_q, V, BLOCK, CPU)
+    kl_pq, kl_qp, h_p, h_q, js = _divergence_sums(p_row, q_row, m_p, m_q, ls_p64, ls_q64, V,
+                                                  BLOCK, CPU)
     tl.store(MAX_P + row, m_p)
     tl.store(MAX_Q + row, m_q)
     tl.store(LOGSUM_P + row, ls_p64)
     tl.store(LOGSUM_Q + row, ls_q64)
-    tl.store(SUMS + row * 5 + 0, tl.sum(kl_pq, 0))
-    tl.store(SUMS + row * 5 + 1, -tl.sum(kl_qp, 0))
-    tl.store(SUMS + row * 5 + 2, -tl.sum(en_p, 0))
-    tl.store(SUMS + row * 5 + 3, -tl.sum(en_q, 0))
-    tl.store(SUMS + row * 5 + 4, 0.5 * tl.sum(js, 0))
-    tl.store(RANKS + row * 2 + 0, tl.sum(above_p, 0) + 1)
-    tl.store(RANKS + row * 2 + 1, tl.sum(above_q, 0) + 1)
+    tl.store(SUMS + row * 5 + 0, kl_pq)
+    tl.store(SUMS + row * 5 + 1, kl_qp)
+    tl.store(SUMS + row * 5 + 2, h_p)
+    tl.store(SUMS + row * 5 + 3, h_q)
+    tl.store(SUMS + row * 5 + 4, js)
+    tl.store(RANKS + row * 2 + 0, rank_p)
+    tl.store(RANKS + row * 2 + 1, rank_q)
 
 
 def row_reductions(logits_p: torch.Tensor, logits_q: torch.Tensor, token_ids: torch.Tensor,

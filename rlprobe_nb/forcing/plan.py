@@ -33,10 +33,11 @@ from pathlib import Path
 import pandas as pd
 
 from rlprobe_nb import distributed, forcing
+from rlprobe_nb.forcing import sharded
 from rlprobe_nb.statistics import seed_from
 from rlprobe_nb.suite import models, params
 from rlprobe_nb.suite.params import Params
-from rlprobe_nb.tables import provenance, storage, suite_keys
+from rlprobe_nb.tables import lineage, provenance, storage
 
 GROUPS = ("target", "ref_right", "control", "t1_unselected")
 UNSELECTED = "t1_unselected"
@@ -169,7 +170,7 @@ def ensure_cached(P: Params, name: str, seqs: forcing.SequenceSet) -> None:
         side = _side(P, name, models.load_model(name, P))
         return side, side
 
-    distributed.run_pair(seqs, (name, name), None, load,
+    sharded.run_pair(seqs, (name, name), None, load,
                          forwarded={name: hidden_dir(P, name)}, **engine_settings(P))
 
 
@@ -181,7 +182,7 @@ def needs_cache(P: Params, name: str) -> bool:
 
 def table_key(P: Params, seqs: forcing.SequenceSet, checkpoint: str, reference: str,
               rollouts_sha: str) -> dict:
-    inputs = suite_keys.tokens_inputs(P, checkpoint, reference, rollouts_sha)
+    inputs = lineage.tokens_key(P, checkpoint, reference, rollouts_sha)
     return forcing.table_key(seqs, checkpoint, reference, P.forcing.topk, inputs)
 
 
@@ -189,7 +190,7 @@ def _manifest(P: Params, names: list[str], seqs, extra=None) -> dict:
     return provenance.manifest(
         P, models=[{"name": m, **P.model_spec(m), "identity": models.model_identity(m, P)}
                    for m in names],
-        extra={"producer": suite_keys.PRODUCERS["tokens"], "sequences": seqs.facts(),
+        extra={"producer": lineage.PRODUCERS["tokens"], "sequences": seqs.facts(),
                **(extra or {})})
 
 
@@ -199,7 +200,8 @@ def run_checkpoint(P: Params, seqs: forcing.SequenceSet, ckpt: models.LoadedMode
     worker); compare it with the cached reference as it goes."""
     ensure_cached(P, P.reference, seqs)
     out = forcing.pair_dir(P.suite, P.checkpoint, P.reference)
-    loaded = out / "_prov-checkpoint.json"  # the loaded model's facts, for the manifest
+    # the loaded model's facts, for the manifest, beside the shards of the run
+    loaded = storage.work_dir(out) / "_prov-checkpoint.json"
     cache = needs_cache(P, P.checkpoint)
 
     def load():
@@ -213,10 +215,10 @@ def run_checkpoint(P: Params, seqs: forcing.SequenceSet, ckpt: models.LoadedMode
             man["models"][0].update(storage.read_json(loaded))
         return man
 
-    return distributed.run_pair(
+    return sharded.run_pair(
         seqs, (P.checkpoint, P.reference), out, load, provenance=manifest,
         forwarded={P.checkpoint: hidden_dir(P, P.checkpoint)} if cache else {},
-        overwrite=overwrite, key=suite_keys.tokens_inputs(P, P.checkpoint, P.reference, rollouts_sha),
+        overwrite=overwrite, key=lineage.tokens_key(P, P.checkpoint, P.reference, rollouts_sha),
         **engine_settings(P))
 
 
@@ -230,7 +232,7 @@ def force_checkpoints(P: Params, names: list[str], rollouts: pd.DataFrame,
     kept. Returns the checkpoints forced now."""
     plans = {}
     for name in names:
-        Pc = params.load(P.suite, name, overrides=P.overrides)
+        Pc = params.variant(P, name, P.overrides)
         seqs = sequences(Pc, choose(rollouts, selection, Pc), problems)
         if not storage.plan_reuse(forcing.pair_dir(P.suite, name, P.reference),
                                   table_key(Pc, seqs, name, P.reference, rollouts_sha), overwrite):
@@ -276,5 +278,5 @@ def run_cached_pairs(P: Params, seqs: forcing.SequenceSet, rollouts_sha: str,
         done.append(forcing.compare_cached(
             seqs, _side(P, a), _side(P, b), forcing.pair_dir(P.suite, a, b),
             provenance=_manifest(P, [a, b], seqs), overwrite=overwrite,
-            key=suite_keys.tokens_inputs(P, a, b, rollouts_sha), **engine_settings(P)))
+            key=lineage.tokens_key(P, a, b, rollouts_sha), **engine_settings(P)))
     return done

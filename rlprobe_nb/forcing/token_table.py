@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from rlprobe_nb.forcing import metrics
 from rlprobe_nb.forcing.heads import METRIC_COLUMNS
-from rlprobe_nb.forcing.sequences import ForcedSequence
+from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
 from rlprobe_nb.tables import schemas
 
 
@@ -91,5 +91,27 @@ UNIQUE = ["checkpoint", "reference", "rollout_id", "pos"]
 def covered_rollouts(parts: dict) -> dict[str, set[str]]:
     """shard key -> the rollout ids its part holds (read from the parts' own rows)."""
     import pyarrow.parquet as pq
-    return {key: set(pq.read_table(path, columns=["rollout_id"]).column(0).unique().to_pylist())
-            for key, path in parts.items()}
+
+    from rlprobe_nb.tables.storage import DamagedTableError
+    out = {}
+    for key, path in parts.items():
+        try:
+            table = pq.read_table(path, columns=["rollout_id"])
+        except (OSError, pa.ArrowException) as err:
+            raise DamagedTableError(f"{path} cannot be read as parquet ({err}): delete it "
+                                    "and rerun") from err
+        out[key] = set(table.column(0).unique().to_pylist())
+    return out
+
+
+def table_key(seqs: SequenceSet, checkpoint: str, reference: str, topk: int,
+              inputs: dict | None = None) -> dict:
+    """The token table's key: the caller's key (``lineage.tokens_key``: model identities,
+    parameters, the rollouts table, the code) with the forced sequences (ids, labels,
+    tokenizer), the pair and top-k added to its settings."""
+    base = dict(inputs) if inputs else {"table": "tokens"}
+    settings = {**base.get("settings", {}), "checkpoint": checkpoint, "reference": reference,
+                "sequences": seqs.fingerprint(), "topk": int(topk)}
+    return {**base, "settings": settings}
+
+

@@ -60,6 +60,8 @@ from typing import Callable, Sequence
 import torch
 
 from rlprobe_nb.generation import fused_projections, sampling
+from rlprobe_nb.generation.hf_generate import hf_generate
+from rlprobe_nb.generation.out_of_memory import halving_on_oom, is_out_of_memory
 from rlprobe_nb.generation.slot_cache import SlotCache, slot_attention
 
 SLOT_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
@@ -202,7 +204,7 @@ class _Slots:
                 graphs[span] = (graph, out)
             self.graphs = graphs
         except Exception as err:  # noqa: BLE001 - capture is an optimisation: go on eager
-            if isinstance(err, torch.cuda.OutOfMemoryError):
+            if is_out_of_memory(err):
                 raise
             if self.model_step is not self._forward:
                 raise RuntimeError(
@@ -398,12 +400,13 @@ def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
     def attempt(size: int) -> None:
         queue = deque((i, requests[i]) for i in order if i not in results)
         if not uses_slots(model):
-            return _hf_generate(model, queue, size, eos, pad, results, on_result)
+            return hf_generate(model, queue, size, eos, pad, results, on_result)
         try:
             _engine(model, min(size, len(queue)), length, eos, graphs, compiled).run(
                 queue, results, on_result)
-        except torch.cuda.OutOfMemoryError:
-            release()
+        except Exception as err:
+            if is_out_of_memory(err):
+                release()  # the next, smaller engine needs the memory this one holds
             raise
 
     previous = model.config._attn_implementation
@@ -415,25 +418,10 @@ def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
     fuse = device.type == "cuda" and uses_slots(model)
     try:
         with fused_projections.fused(model) if fuse else contextlib.nullcontext():
-            _halving_on_oom(attempt, start)
+            halving_on_oom(attempt, start)
     finally:
         model.config._attn_implementation = previous
     return [results[i] for i in range(len(requests))]
-
-
-def _halving_on_oom(attempt: Callable[[int], None], size: int) -> None:
-    """``attempt(size)``, halving ``size`` after each out-of-memory error (what it finished
-    is kept). Not accelerate's ``find_executable_batch_size``: that collects garbage before
-    every call, which costs up to a second a call once a model has been compiled."""
-    while True:
-        try:
-            return attempt(size)
-        except torch.cuda.OutOfMemoryError:
-            if size == 1:
-                raise
-            size //= 2
-            torch.cuda.empty_cache()
-            warnings.warn(f"out of GPU memory: decoding again with {size} slots")
 
 
 _HELD: dict = {}  # "engine": ((model id, slots, graphs, compiled), _Slots)
@@ -478,32 +466,3 @@ def release() -> None:
     """Free the slot engine kept between calls (its key/value buffers and graphs)."""
     if _HELD.pop("engine", None) is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def _hf_generate(model, queue: deque, size: int, eos: Sequence[int], pad: int | None,
-                 results: dict, on_result) -> None:
-    """HF ``generate`` with the seeded draws, ``size`` requests at a time (left-padded)."""
-    from torch.nn.utils.rnn import pad_sequence
-    from transformers import GenerationConfig
-
-    device = next(model.parameters()).device
-    pad = eos[0] if pad is None else pad
-    stop = set(eos)
-    items = list(queue)
-    for start in range(0, len(items), size):
-        batch = items[start:start + size]
-        prompts = [torch.tensor(r.prompt[::-1]) for _, r in batch]  # left padding, by flipping
-        ids = pad_sequence(prompts, batch_first=True, padding_value=pad).flip(1)
-        mask = pad_sequence([torch.ones_like(p) for p in prompts], batch_first=True).flip(1)
-        budget = max(r.max_new_tokens for _, r in batch)
-        config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=budget,
-                                  eos_token_id=list(eos), pad_token_id=pad, bos_token_id=None)
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                             generation_config=config, logits_processor=[
-                                 sampling.SeededLogitsProcessor(
-                                     [r.temperature for _, r in batch], [r.seed for _, r in batch])])
-        for (who, req), row in zip(batch, out[:, ids.shape[1]:].tolist()):
-            row = row[:req.max_new_tokens]
-            cut = next((k for k, t in enumerate(row) if t in stop), None)
-            results[who] = (row, "length") if cut is None else (row[:cut + 1], "stop")
-            on_result()

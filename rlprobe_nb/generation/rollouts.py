@@ -158,7 +158,7 @@ def sample_to_table(folder, schema, model_names: list[str], loader: Callable,
     Shards are (model, chunk of problems in id order), a chunk holding SHARD_BATCHES
     batches' worth of samples (a shard's decode loop refills its slots from its own
     waiting samples); with several processes each takes a contiguous share of the missing
-    shards (``distributed.run_shards``: models load where they sample). ``key`` (suite_keys) is everything
+    shards (``distributed.run_shards``: models load where they sample). ``key`` (``tables.lineage``) is everything
     the rows depend on: a complete table with the same key is read back without loading a
     model; another key is refused, naming the differences, unless ``overwrite``.
     ``loader(name)`` returns an object with ``.model``, ``.tokenizer`` and ``.provenance``

@@ -30,7 +30,8 @@ import hashlib
 import random
 import re
 
-# Bump when the generator changes the problems it draws (tables key on it).
+# Bump when the generator changes the problems it draws (recorded by the demo training run;
+# tables key on this module's source itself).
 GENERATOR_VERSION = 2  # 2: step-by-step solutions
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.25

@@ -205,6 +205,9 @@ class GraderPool:
 
 
 _POOLS: dict[int, GraderPool] = {}
+# A forked child (a worker process of ``distributed``) starts its own graders: the
+# inherited ones belong to the parent, which alone talks to them and stops them.
+os.register_at_fork(after_in_child=_POOLS.clear)
 
 
 def _pool(workers: int) -> GraderPool:

@@ -116,7 +116,7 @@ def read_records(path: str | os.PathLike) -> list[dict]:
                 for i, r in enumerate(pd.read_parquet(path).to_dict("records"))]
     if suffix == ".jsonl":
         records = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for n, line in enumerate(read_text(path).splitlines(), 1):
             if line.strip():
                 try:
                     records.append(json.loads(line, object_pairs_hook=_unique_pairs(f"{path}:{n}")))
@@ -146,9 +146,18 @@ def _unique_pairs(where: str):
     return build
 
 
+def read_text(path: Path) -> str:
+    """A text file's content as UTF-8, or a ProblemsError naming the file and the byte."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ProblemsError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                            f"{e.start}); save the file as UTF-8") from None
+
+
 def read_json_strict(path: Path):
     try:
-        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_pairs(str(path)))
+        return json.loads(read_text(path), object_pairs_hook=_unique_pairs(str(path)))
     except json.JSONDecodeError as e:
         raise ProblemsError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
 

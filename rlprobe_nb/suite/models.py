@@ -110,11 +110,26 @@ def folder_identity(folder: Path) -> dict[str, str]:
     return {p.name: sha256_file(p) for p in files}
 
 
+def remembered_identities(P: Params) -> dict[str, dict]:
+    """The model identities computed for this loaded suite (``params.variant`` shares
+    them): each model's files are hashed once per notebook, whatever asks."""
+    return P.__dict__.setdefault("_identities", {})
+
+
 def model_identity(name: str, P: Params) -> dict[str, Any]:
     """What a model's outputs depend on, resolved without loading it: file hashes of a
-    local folder, GGUF file or adapter (memoized by file stamp, so cheap after the first
-    time), the commit of a hub revision, and the base model of an adapter. Tables and
-    caches key on it, so changed weights, tokenizer files or chat template are noticed."""
+    local folder, GGUF file (and its converted copy, which is what loads: weights,
+    tokenizer and chat template), adapter, the commit of a hub revision, and the base
+    model of an adapter. Tables and caches key on it, so changed weights, tokenizer files
+    or chat template are noticed, whatever the model's kind. Computed once per loaded
+    suite (``remembered_identities``)."""
+    memo = remembered_identities(P)
+    if name not in memo:
+        memo[name] = _identity(name, P)
+    return memo[name]
+
+
+def _identity(name: str, P: Params) -> dict[str, Any]:
     spec = P.model_spec(name)
     kind = spec["kind"]
     ident: dict[str, Any] = {"kind": kind}
@@ -126,7 +141,11 @@ def model_identity(name: str, P: Params) -> dict[str, Any]:
             raise ModelLoadError(f"model {name!r}: {folder} has no config.json")
         ident["files"] = folder_identity(folder)
     elif kind == "gguf":
-        ident["gguf_sha256"] = sha256_file(gguf_file(spec))
+        from rlprobe_nb.suite import gguf_cache
+
+        path = gguf_file(spec)
+        ident["gguf_sha256"] = sha256_file(path)
+        ident["converted"] = folder_identity(gguf_cache.convert_gguf(path, paths.cache_dir() / "models"))
     else:
         if "path" in spec:
             source = paths.resolve(spec["path"])

@@ -60,6 +60,11 @@ def table_dir(suite: str, table: str) -> Path:
     return data_dir(suite) / table
 
 
+def token_table_name(checkpoint: str, reference: str) -> str:
+    """The folder of the per-token table of a compared pair, under the suite's data folder."""
+    return f"tokens/{checkpoint}__vs__{reference}"
+
+
 def figures_dir(suite: str) -> Path:
     return out_root() / "figures" / _plain(suite)
 

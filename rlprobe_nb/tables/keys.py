@@ -1,19 +1,7 @@
-"""What each table's content depends on: its *key*.
+"""Key hashes, and the differences between two keys in words.
 
-The rule, for every table and cache the book writes: its key covers everything its rows
-depend on — the resolved identity of every model involved (weight-file and adapter hashes
-or the hub commit, which also covers tokenizer and chat template), the problems' source
-and content, every parameter that changes rows, the grader's version, and the version of
-the code that produces the table (``STAGE_VERSIONS``, bumped when a change alters rows).
-Keys chain: a table's key holds the hash of the key of each table it is computed from, so
-a change anywhere upstream reaches every table below it.
-
-Same key: the table is reused, and the notebook says so in one line. Different key: the
-writing notebook refuses, naming each difference, unless run with ``overwrite=True``;
-a notebook that reads the table refuses it as stale (``storage.StaleTableError``), naming
-the notebook to rerun. Parameters that change only how fast rows are computed (batch
-sizes of the teacher-forcing engine, chunk sizes, compiled kernels) are not in any key:
-results are invariant to them within float rounding (measured in the tests).
+A key is any JSON-able mapping of what a table's rows depend on (``lineage`` says what
+goes in one); its hash is the first 16 hex digits of the sha256 of its canonical JSON.
 """
 
 from __future__ import annotations
@@ -21,24 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any
-
-# Bump a stage's version when its code changes the rows it writes.
-STAGE_VERSIONS = {
-    "problems": 1,
-    "answers": 2,
-    "selection": 2,
-    "rollouts": 2,
-    "tokens": 2,
-    "hidden": 1,
-    # chapters 04 on: tables computed from the token tables
-    "divergence_when": 1, "divergence_per_problem": 1, "divergence_changes": 1,
-    "divergence_ecdf": 1, "divergence_tails": 1, "divergence_position": 1,
-    "divergence_categories": 1, "divergence_similarity": 1, "entropy_deciles": 1,
-    "entropy_share": 1, "estimator_lab": 2, "estimator_reweighted": 2,
-    "divergence_ground_truth": 1, "divergence_onsets": 1, "divergence_contrasts": 1,
-    "divergence_change_by_label": 1,
-    "spikes": 1, "spike_regions": 1, "branches": 1,
-}
 
 
 def canonical(obj: Any) -> str:
@@ -84,8 +54,3 @@ def describe_difference(old: Any, new: Any, limit: int = 8) -> str:
     parts = [f"{k}: {_short(a)} -> {_short(b)}" for k, a, b in diff[:limit]]
     more = f"; and {len(diff) - limit} more" if len(diff) > limit else ""
     return "; ".join(parts) + more
-
-
-def stage(name: str, **parts: Any) -> dict:
-    """A table's key: its stage, the stage's code version and the given parts."""
-    return {"table": name, "version": STAGE_VERSIONS[name], **parts}

@@ -52,22 +52,27 @@ def sha256_text(text: Optional[str]) -> Optional[str]:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+SMALL_FILE = 64 << 20  # bytes: hashed again whenever asked (adapters, problem files, configs)
+
+
 def sha256_file(path, chunk: int = 8 << 20) -> str:
-    """sha256 of a file, remembered in the cache folder by (path, size, mtime, inode): a
-    16 GB checkpoint is hashed once, and again only when its file changes."""
+    """sha256 of a file. A file up to ``SMALL_FILE`` bytes is hashed each time it is asked
+    for (model identities ask once per notebook run), so a byte changed in place with the
+    file's size, time and inode kept is seen. A larger one (a checkpoint's weights) is
+    remembered in the cache folder by (path, size, mtime, inode): a 16 GB checkpoint is
+    hashed once, and again only when its file stamp changes; change such a file's bytes
+    only by writing it anew (or delete ``file_hashes.json`` in the cache folder)."""
     path = Path(path).resolve()
     st = path.stat()
+    if st.st_size <= SMALL_FILE:
+        return _hash(path, chunk)
     stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
     memo_file = paths.cache_dir() / "file_hashes.json"
     memo = _read_memo(memo_file)
     hit = memo.get(str(path))
     if hit and hit[:3] == stamp:
         return hit[3]
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while block := f.read(chunk):
-            h.update(block)
-    digest = h.hexdigest()
+    digest = _hash(path, chunk)
     memo = _read_memo(memo_file)  # another process may have added entries meanwhile
     memo[str(path)] = stamp + [digest]
     try:
@@ -76,6 +81,14 @@ def sha256_file(path, chunk: int = 8 << 20) -> str:
     except OSError:  # a read-only cache folder: hash again next time
         pass
     return digest
+
+
+def _hash(path: Path, chunk: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _read_memo(path: Path) -> dict:

@@ -7,14 +7,20 @@ A table is a folder of parts plus ``_manifest.json``::
         _manifest.json                           hex digits of the file's sha256)
 
 Standard readers work on the folder as it is (``pd.read_parquet(folder)``,
-``pyarrow.dataset.dataset(folder)``): they skip names that start with ``_`` or ``.``.
+``pyarrow.dataset.dataset(folder)``): they skip names that start with ``_`` or ``.``. A
+table is written in a hidden working folder beside it (``.rollouts.writing/``) and
+renamed into place once complete, so a folder a standard reader can open only ever holds
+a complete table; an interrupted run leaves only the working folder, where a rerun
+resumes.
 
-The manifest is written last, so a folder without one is unfinished and never read as a
-result. It records the table's *key* (everything its content depends on, see
-``rlprobe_nb.tables.keys``), the parts with their row counts and checksums, and the columns that
-identify a row. ``read_table`` verifies all of it before returning a row: the parts on
-disk are exactly the listed ones, each has its rows and its checksum, and no row appears
-twice. A failed check names the file and refuses (DamagedTableError).
+The manifest is written last. It records the table's *key* (everything its content
+depends on, see ``rlprobe_nb.tables.lineage``), the parts with their row counts and
+checksums, a checksum of that list itself, and the columns that identify a row. Every
+part carries the key hash of its table in its parquet metadata, so a part copied in from
+another table is refused (on resume, on finish and on read). ``read_table`` verifies all
+of it before returning a row: the parts on disk are exactly the listed ones, each has
+its rows, its checksum and its table's key, and no row appears twice. A failed check
+names the file and refuses (DamagedTableError).
 
 Large tables are written in shards keyed by their unit of work (``ShardedTable``); a rerun
 skips finished shards, so an interrupted run resumes without lost or duplicated rows. One
@@ -50,13 +56,21 @@ from rlprobe_nb.tables.atomic import (
     sha256_of,
 )
 from rlprobe_nb.tables.locks import LOCK_FILE, TableBusyError, acquire_lock, writer_lock  # noqa: F401
+from rlprobe_nb.tables.parts import (  # noqa: F401
+    TABLE_KEY,
+    check_parts_belong,
+    clear_files,
+    lock_dir,
+    part_table_key,
+    parts_checksum,
+    publish,
+    work_dir,
+)
 from rlprobe_nb.tables.tensor_files import read_tensors, write_tensors  # noqa: F401
 
 MANIFEST = "_manifest.json"
 RUN_FILE = "_run.json"
 _PART_RE = re.compile(r"part-(?P<key>.+)\.(?P<sha>[0-9a-f]{16})\.parquet\Z")
-
-
 class StaleTableError(RuntimeError):
     """A table was computed from other inputs than the current ones."""
 
@@ -87,9 +101,14 @@ def _as_table(df: pd.DataFrame | pa.Table, schema: pa.Schema) -> pa.Table:
     return to_arrow(df, schema)
 
 
-def _write_part(folder: Path, key: str, df: pd.DataFrame | pa.Table, schema: pa.Schema) -> Path:
-    """One part, named by its key and the first 16 hex digits of its sha256."""
+def _write_part(folder: Path, key: str, df: pd.DataFrame | pa.Table, schema: pa.Schema,
+                table_key: str | None = None) -> Path:
+    """One part, named by its key and the first 16 hex digits of its sha256, carrying the
+    key hash of its table."""
     table = _as_table(df, schema)
+    if table_key is not None:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                               TABLE_KEY: table_key.encode()})
     for old in folder.glob(f"part-{glob_escape(key)}.*.parquet"):
         old.unlink()
     with atomic_path(folder / f"part-{key}.parquet", content_named=True) as tmp:
@@ -111,8 +130,9 @@ def parts_on_disk(folder: str | os.PathLike) -> dict[str, Path]:
     return out
 
 
-def _part_entries(folder: Path, keys: Iterable[str]) -> list[dict]:
+def _part_entries(folder: Path, keys: Iterable[str], table_key: str | None) -> list[dict]:
     on_disk = parts_on_disk(folder)
+    check_parts_belong(folder, [on_disk[k] for k in keys], table_key)
     entries = []
     for key in keys:
         path = on_disk[key]
@@ -128,28 +148,34 @@ def _part_entries(folder: Path, keys: Iterable[str]) -> list[dict]:
 def write_table(folder: str | os.PathLike, df: pd.DataFrame, schema: pa.Schema,
                 manifest: dict, key: dict | None = None,
                 unique: list[str] | None = None) -> Path:
-    """Write a one-part table and its manifest (manifest last), under the writer lock."""
+    """Write a one-part table and its manifest in the working folder, under the writer
+    lock, then rename it into place."""
     folder = Path(folder)
-    with writer_lock(folder):
-        if (folder / MANIFEST).exists():
-            (folder / MANIFEST).unlink()
-        for old in folder.glob("part-*.parquet"):
-            old.unlink()
+    work = work_dir(folder)
+    with writer_lock(lock_dir(folder)):
+        clear_files(work)
         _check_unique(df.to_pandas() if isinstance(df, pa.Table) else df, unique, folder)
-        _write_part(folder, "00000", df, schema)
-        _write_manifest(folder, manifest, key, unique, ["00000"])
+        _write_part(work, "00000", df, schema, key_sha_of(key))
+        _write_manifest(work, manifest, key, unique, ["00000"])
+        publish(work, folder)
     return folder
+
+
+def key_sha_of(key: dict | None) -> str | None:
+    from rlprobe_nb.tables.keys import key_sha
+
+    return key_sha(key) if key is not None else None
 
 
 def _write_manifest(folder: Path, manifest: dict, key: dict | None,
                     unique: list[str] | None, part_keys: list[str]) -> None:
-    from rlprobe_nb.tables.keys import key_sha
-
-    parts = _part_entries(folder, part_keys)
+    sha = key_sha_of(key)
+    parts = _part_entries(folder, part_keys, sha)
+    rows = int(sum(p["rows"] for p in parts))
     atomic_write_json(folder / MANIFEST, {
-        **manifest, "key": key, "key_sha": key_sha(key) if key is not None else None,
-        "unique": unique, "parts": parts, "shards": len(parts),
-        "rows": int(sum(p["rows"] for p in parts)), "complete": True})
+        **manifest, "key": key, "key_sha": sha, "unique": unique, "parts": parts,
+        "shards": len(parts), "rows": rows, "parts_sha256": parts_checksum(parts, rows, sha),
+        "complete": True})
 
 
 def is_complete(folder: str | os.PathLike) -> bool:
@@ -173,8 +199,9 @@ _VERIFIED: dict[tuple, bool] = {}  # (file, size, mtime_ns, sha) already checked
 def verify(folder: str | os.PathLike) -> dict:
     """Check a complete table against its manifest; returns the manifest.
 
-    The parts on disk must be exactly the listed ones, each with its row count and sha256.
-    A file checked once in this process is not hashed again while its size and mtime hold.
+    The manifest's part list must match its own checksum; the parts on disk must be
+    exactly the listed ones, each with its row count, its sha256 and its table's key. A
+    file checked once in this process is not hashed again while its size and mtime hold.
     """
     folder = Path(folder)
     man = read_manifest(folder)
@@ -182,6 +209,12 @@ def verify(folder: str | os.PathLike) -> dict:
     if not listed and man.get("rows"):
         raise DamagedTableError(f"{folder}: the manifest lists no parts (written by an older "
                                 "version of the book?): rerun the notebook that writes it")
+    if man.get("parts_sha256") != parts_checksum(man.get("parts") or [], man.get("rows"),
+                                                 man.get("key_sha")):
+        raise DamagedTableError(
+            f"{folder / MANIFEST}: its part list does not match its checksum (edited, or "
+            "written by an older version of the book): delete the table and rerun the "
+            "notebook that writes it")
     on_disk = {p.name for p in folder.glob("part-*.parquet")}
     extra, missing = sorted(on_disk - set(listed)), sorted(set(listed) - on_disk)
     if extra or missing:
@@ -191,24 +224,32 @@ def verify(folder: str | os.PathLike) -> dict:
             + (f"listed parts missing: {missing[:3]} " if missing else "")
             + "; delete the table and rerun the notebook that writes it")
     for name, entry in listed.items():
-        path = folder / name
-        st = path.stat()
-        memo = (str(path), st.st_size, st.st_mtime_ns, entry["sha256"])
-        if memo in _VERIFIED:
-            continue
-        rows = pq.ParquetFile(path).metadata.num_rows
-        if rows != entry["rows"]:
-            raise DamagedTableError(f"{path} has {rows} rows, its manifest says {entry['rows']}")
-        if sha256_of(path) != entry["sha256"]:
-            raise DamagedTableError(f"{path} does not match its checksum in the manifest "
-                                    "(altered since it was written): delete the table and "
-                                    "rerun the notebook that writes it")
-        _VERIFIED[memo] = True
+        _verify_part(folder / name, entry, man.get("key_sha"))
     total = sum(p["rows"] for p in listed.values())
     if total != man.get("rows"):
         raise DamagedTableError(f"{folder}: the manifest says {man.get('rows')} rows, its "
                                 f"parts hold {total}")
     return man
+
+
+def _verify_part(path: Path, entry: dict, table_key: str | None) -> None:
+    st = path.stat()
+    memo = (str(path), st.st_size, st.st_mtime_ns, entry["sha256"])
+    if memo in _VERIFIED:
+        return
+    if sha256_of(path) != entry["sha256"]:
+        raise DamagedTableError(f"{path} does not match its checksum in the manifest "
+                                "(altered since it was written): delete the table and "
+                                "rerun the notebook that writes it")
+    try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except (OSError, pa.ArrowException) as err:
+        raise DamagedTableError(f"{path} cannot be read as parquet ({err}): delete the "
+                                "table and rerun the notebook that writes it") from err
+    if rows != entry["rows"]:
+        raise DamagedTableError(f"{path} has {rows} rows, its manifest says {entry['rows']}")
+    check_parts_belong(path.parent, [path], table_key)
+    _VERIFIED[memo] = True
 
 
 def _check_unique(df: pd.DataFrame, unique: list[str] | None, folder: Path) -> None:
@@ -259,15 +300,14 @@ def plan_reuse(folder: str | os.PathLike, key: dict, overwrite: bool = False) ->
     from rlprobe_nb.tables.keys import describe_difference, key_sha
 
     folder = Path(folder)
-    for name in (MANIFEST, RUN_FILE):
-        path = folder / name
+    for path in (folder / MANIFEST, work_dir(folder) / RUN_FILE):
         if path.exists():
             old = read_json(path).get("key")
             if key_sha(old) != key_sha(key):
                 if overwrite:
                     return False
                 raise StaleTableError(
-                    f"{folder} holds {'a table' if name == MANIFEST else 'an unfinished run'} "
+                    f"{folder} holds {'a table' if path.name == MANIFEST else 'an unfinished run'} "
                     f"computed from other inputs ({describe_difference(old, key)}); rerun with "
                     "overwrite=True (notebook parameter `-p overwrite True`) to recompute it, "
                     "or restore the inputs")
@@ -280,17 +320,20 @@ def plan_reuse(folder: str | os.PathLike, key: dict, overwrite: bool = False) ->
 class ShardedTable:
     """A table written shard by shard, each shard atomic and named by its unit of work.
 
-    ``begin(key)`` takes the writer lock and records the key of the inputs: a folder that
-    holds a run (finished or not) with another key is refused, naming the differences
-    (``overwrite=True`` discards it), so shards of two different runs never mix. It
-    returns True when the table is already complete with this key: nothing to do.
-    ``done()`` lists finished shard keys; ``finish(manifest, expected)`` writes the
-    manifest once every expected shard exists and releases the lock.
+    Shards go to the hidden working folder (``work``); ``finish`` renames it into place.
+    ``begin(key)`` takes the writer lock and records the key of the inputs: a table or an
+    unfinished run with another key is refused, naming the differences (``overwrite=True``
+    discards the run and, at finish, replaces the table), so shards of two different runs
+    never mix; a shard written for another table (copied in) is refused. It returns True
+    when the table is already complete with this key: nothing to do. ``done()`` lists
+    finished shard keys; ``finish(manifest, expected)`` writes the manifest once every
+    expected shard exists, renames the table into place and releases the lock.
     """
 
     def __init__(self, folder: str | os.PathLike, schema: pa.Schema,
                  unique: list[str] | None = None):
         self.folder = Path(folder)
+        self.work = work_dir(self.folder)
         self.schema = schema
         self.unique = unique
         self.key: dict | None = None
@@ -303,29 +346,42 @@ class ShardedTable:
         self.key = key
         self._lock(what)
         try:
-            run = self.folder / RUN_FILE
-            old = read_json(run).get("key") if run.exists() else None
-            if run.exists() and key_sha(old) != key_sha(key):
+            if is_complete(self.folder):
+                old = read_json(self.folder / MANIFEST).get("key")
+                if key_sha(old) == key_sha(key):
+                    return True
                 if not overwrite:
                     raise StaleTableError(
-                        f"{self.folder} holds a run with other inputs or parameters "
-                        f"({describe_difference(old, key)}); pass overwrite=True to discard "
-                        "it and recompute, or write to another folder")
-                self.clear()
-            elif not run.exists():
-                self.clear()
-            if not run.exists():
-                atomic_write_json(run, {"key": key, "key_sha": key_sha(key)})
-            for tmp in self.folder.glob(".*.tmp*"):  # litter of a killed writer (we hold the lock)
-                tmp.unlink()
-            return is_complete(self.folder)
+                        f"{self.folder} holds a table computed from other inputs or parameters "
+                        f"({describe_difference(old, key)}); pass overwrite=True to "
+                        "recompute it, or restore the inputs")
+            self._resume_or_start(key, overwrite, describe_difference, key_sha)
+            return False
         except BaseException:
             self.release()
             raise
 
+    def _resume_or_start(self, key: dict, overwrite: bool, describe_difference, key_sha) -> None:
+        run = self.work / RUN_FILE
+        old = read_json(run).get("key") if run.exists() else None
+        if run.exists() and key_sha(old) != key_sha(key):
+            if not overwrite:
+                raise StaleTableError(
+                    f"{self.folder} holds an unfinished run with other inputs or parameters "
+                    f"({describe_difference(old, key)}); pass overwrite=True to discard it "
+                    "and recompute, or write to another folder")
+            self.clear()
+        elif not run.exists():
+            self.clear()
+        if not run.exists():
+            atomic_write_json(run, {"key": key, "key_sha": key_sha(key)})
+        for tmp in self.work.glob(".*.tmp*"):  # litter of a killed writer (we hold the lock)
+            tmp.unlink()
+        check_parts_belong(self.work, parts_on_disk(self.work).values(), key_sha(key))
+
     def _lock(self, what: str) -> None:
         if self._release is None:
-            self._release = acquire_lock(self.folder, what)
+            self._release = acquire_lock(lock_dir(self.folder), what)
 
     def release(self) -> None:
         if self._release is not None:
@@ -333,19 +389,31 @@ class ShardedTable:
             self._release = None
 
     def clear(self) -> None:
-        if self.folder.exists():
-            for f in self.folder.iterdir():
-                if f.is_file() and f.name != LOCK_FILE:
-                    f.unlink()
+        clear_files(self.work)
+
+    def key_sha(self) -> str | None:
+        """This run's key hash: the one begun here, or (in a worker process of a run that
+        another process began) the one its working folder records."""
+        if self.key is not None:
+            return key_sha_of(self.key)
+        run = self.work / RUN_FILE
+        return read_json(run).get("key_sha") if run.exists() else None
+
+    def _complete(self) -> bool:
+        """The table is in place, complete, with this run's key, and no run is open."""
+        return not self.work.exists() and is_complete(self.folder) \
+            and read_json(self.folder / MANIFEST).get("key_sha") == self.key_sha()
 
     def done(self) -> set[str]:
-        return set(parts_on_disk(self.folder))
+        return set(parts_on_disk(self.folder if self._complete() else self.work))
 
     def write_shard(self, key: str, df: pd.DataFrame | pa.Table) -> Path:
-        return _write_part(self.folder, key, df, self.schema)
+        return _write_part(self.work, key, df, self.schema, self.key_sha())
 
     def finish(self, manifest: dict, expected: list[str]) -> Path:
         try:
+            if self._complete() and self.done() == set(expected):
+                return self.folder  # finished before: nothing was written this time
             missing = sorted(set(expected) - self.done())
             if missing:
                 raise RuntimeError(f"{self.folder}: {len(missing)} shards missing, e.g. {missing[:3]}")
@@ -353,9 +421,10 @@ class ShardedTable:
             if extra:
                 raise DamagedTableError(f"{self.folder}: shards {extra[:3]} belong to no part "
                                         "of this run; delete the folder and rerun")
-            _write_manifest(self.folder, manifest, self.key, self.unique, list(expected))
+            _write_manifest(self.work, manifest, self.key, self.unique, list(expected))
             if self.unique:
-                read_table(self.folder)  # the unique key holds over all shards
+                read_table(self.work)  # the unique key holds over all shards
+            publish(self.work, self.folder)
         finally:
             self.release()
         return self.folder

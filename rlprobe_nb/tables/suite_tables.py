@@ -3,29 +3,32 @@
 ``read_tokens(P)`` concatenates the tables of each RLVR checkpoint against the reference
 (written by notebook 03, one run per checkpoint), adds the checkpoint's RL ``step``, and
 refuses a table that is damaged or was computed from other inputs than the current ones
-(naming what changed and the run of 03 to redo). Checkpoints not forced yet are named;
-with none forced at all it stops at once.
+(``lineage.current_sha``: naming what changed and the run of 03 to redo). Checkpoints not
+forced yet are named; with none forced at all it stops at once.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from rlprobe_nb import forcing
 from rlprobe_nb.suite import paths
 from rlprobe_nb.suite.params import Params
-from rlprobe_nb.tables import keys, storage, suite_keys
+from rlprobe_nb.tables import lineage, storage
 
 
 class NothingForcedError(FileNotFoundError):
     """No checkpoint of the suite has a token table yet."""
 
 
+def _folder(P: Params, checkpoint: str, reference: str):
+    return paths.table_dir(P.suite, paths.token_table_name(checkpoint, reference))
+
+
 def missing_runs(P: Params, pairs: list[tuple[str, str]]) -> list[str]:
     """The 03 commands that would write the tables of ``pairs`` still missing."""
     return [f"papermill notebooks/03_teacher_forcing.ipynb out.ipynb -p suite {P.suite} "
             f"-p checkpoint {c}" for c, r in pairs
-            if not storage.is_complete(forcing.pair_dir(P.suite, c, r))]
+            if not storage.is_complete(_folder(P, c, r))]
 
 
 def read_tokens(P: Params, pairs: list[tuple[str, str]] | None = None,
@@ -43,11 +46,9 @@ def read_tokens(P: Params, pairs: list[tuple[str, str]] | None = None,
               + "\n  ".join(missing))
     frames = []
     for ckpt, ref in pairs:
-        folder = forcing.pair_dir(P.suite, ckpt, ref)
-        if not storage.is_complete(folder):
+        if not storage.is_complete(_folder(P, ckpt, ref)):
             continue
-        suite_keys.tokens_current(P, ckpt, ref, folder)
-        df = storage.read_table(folder, columns=columns)
+        df, _ = lineage.read_current(P, paths.token_table_name(ckpt, ref), columns=columns)
         frames.append(df.assign(step=P.steps.get(ckpt, 0)))
     return pd.concat(frames, ignore_index=True)
 
@@ -70,45 +71,10 @@ def accuracy_table(P: Params) -> pd.DataFrame:
             "rate": acc["greedy_correct"] / acc["problems"], "low": [c[0] for c in ci],
             "high": [c[1] for c in ci], "n": acc["problems"],
             "source": f"recorded evaluation ({recorded.name}, greedy, Wilson)"})
-    answers, _ = suite_keys.read_current(P, "answers")
+    answers, _ = lineage.read_current(P, "answers")
     table = statistics.rate_table(answers, ["model"], cluster=None)
     steps = {P.reference: 0, **P.steps}
     return pd.DataFrame({
         "model": table["model"], "step": table["model"].map(steps).astype("Int64"),
         "rate": table["rate"], "low": table["wilson_low"], "high": table["wilson_high"],
         "n": table["n"], "source": "notebook 01 (all answers, Wilson)"})
-
-
-def token_shas(P: Params, pairs: list[tuple[str, str]] | None = None) -> dict[str, str]:
-    """The key hash of every complete token table of ``pairs`` (default: each checkpoint
-    vs the reference), each checked current: what a table computed from them depends on."""
-    pairs = pairs or [(c, P.reference) for c in P.checkpoints]
-    return {f"{c}__vs__{r}": suite_keys.tokens_current(P, c, r)
-            for c, r in pairs if storage.is_complete(forcing.pair_dir(P.suite, c, r))}
-
-
-def derived_key(P: Params, table: str, settings: dict) -> dict:
-    """The key of a table computed from the suite's token tables (chapters 04 on): the
-    token tables' own keys and the chapter's settings (its notebook parameters)."""
-    return keys.stage(table, tokens=token_shas(P), settings=settings)
-
-
-def write_derived(P: Params, table: str, frame: pd.DataFrame, schema, manifest: dict,
-                  settings: dict, producer: str) -> None:
-    storage.write_table(paths.table_dir(P.suite, table), frame, schema,
-                        {**manifest, "producer": producer}, key=derived_key(P, table, settings))
-
-
-def read_derived(P: Params, table: str) -> pd.DataFrame:
-    """A table computed from the token tables (e.g. ``spikes``), refused if the token
-    tables changed since it was computed (rerun the notebook that writes it)."""
-    folder = paths.table_dir(P.suite, table)
-    if not storage.is_complete(folder):
-        raise FileNotFoundError(f"{folder} is missing: run the notebook that writes it first")
-    man = storage.verify(folder)
-    have, now = (man.get("key") or {}).get("tokens"), token_shas(P)
-    if have != now:
-        raise storage.StaleTableError(
-            f"{folder} was computed from other token tables than the current ones "
-            f"({keys.describe_difference(have, now)}); rerun {man.get('producer', 'its notebook')}")
-    return storage.read_table(folder)

@@ -23,15 +23,15 @@ def expected_colours(book, monkeypatch) -> tuple[list[str], list[str]]:
     checkpoints, as the package computes it (the same tables and defaults as notebook 07)."""
     from rlprobe_nb.render import viewer
     from rlprobe_nb.suite import params
-    from rlprobe_nb.tables import suite_keys, suite_tables
+    from rlprobe_nb.tables import lineage, suite_tables
 
     for name in ("RLPROBE_OUT", "RLPROBE_PARAMS"):
         monkeypatch.setenv(name, book["env"][name])
     P = params.load("demo")
     tokens = suite_tables.read_tokens(P)
     tokens = tokens[tokens.reference == P.reference]
-    spikes = suite_tables.read_derived(P, "spikes")
-    rollouts, _ = suite_keys.read_current(P, "rollouts")
+    spikes = lineage.read_derived(P, "spikes")
+    rollouts, _ = lineage.read_current(P, "rollouts")
     app = viewer.open_viewer(tokens, spikes, None, dict(zip(rollouts.rollout_id, rollouts.response)),
                              rollout_id=viewer.default_rollout(tokens, spikes))
     out = []
