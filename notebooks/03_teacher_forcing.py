@@ -67,8 +67,11 @@ print(f"suite {P.suite!r}: checkpoint {P.checkpoint!r} (step {P.steps[P.checkpoi
 # `forcing.failure_types`; the contrast groups are the reference's right answers to the
 # same problems (`ref_right`) and the rollouts of the control problems (`control`).
 # Without them, "RLVR changes these tokens of wrong reasoning" could not be told apart
-# from "RLVR changes every text of the reference". `forcing.max_rollouts` caps each group
-# with a seeded draw stratified by temperature and problem.
+# from "RLVR changes every text of the reference". `t1_unselected`, where listed, holds
+# rollouts sampled at temperature 1 whatever their outcome, drawn first by a lot that never
+# reads the outcome: plain draws from the reference, on which chapter 04 checks the KL
+# estimators. `forcing.max_rollouts` caps each group with a seeded draw stratified by
+# temperature and problem.
 
 # %%
 CHOSEN = forcing_plan.choose(ROLLOUTS, SELECTION, P)

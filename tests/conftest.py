@@ -30,7 +30,8 @@ def tiny(tmp_path_factory):
 
 def small_demo_params(root: Path) -> Path:
     """The demo suite with two checkpoints, 8 problems, short texts, and a selection rule
-    that keeps every problem (the point is the plumbing, not the science)."""
+    that keeps every problem (the point is the plumbing, not the science); one rollout per
+    problem at T = 1 for chapter 04's check on unselected draws."""
     shutil.copytree(paths.params_dir() / "demo", root / "demo")
     for f in (root / "demo").glob("rlvr_step_*.yaml"):
         if f.stem not in SMALL_CHECKPOINTS:
@@ -39,7 +40,7 @@ def small_demo_params(root: Path) -> Path:
     cfg = yaml.safe_load(suite_file.read_text())
     cfg["problems"].update(n=8)
     cfg["filtering"].update(n_samples=1, max_new_tokens=40, ref_max_pass=1.0, target_min_pass=0.0)
-    cfg["rollouts"].update(n_per_problem=2, max_new_tokens=40)
+    cfg["rollouts"].update(n_per_problem=2, max_new_tokens=40, temperatures=[0.7, 1.0])
     cfg["forcing"].update(failure_types=["boxed_wrong", "empty_box", "no_box", "truncated"],
                           max_rollouts=12)
     cfg["counterfactuals"].update(n=2, max_points=2, grid_points=3, case_studies=1)

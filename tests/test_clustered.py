@@ -213,3 +213,51 @@ def test_interval_coverage_on_skewed_tokens(n_problems):
     assert (0.90 if n_problems < 20 else 0.925) <= chosen <= 0.97
     assert chosen >= cover["cluster-robust t (CR2, Bell-McCaffrey)"] - 0.01
     assert cover["token bootstrap, percentile (naive)"] < 0.75
+
+
+def test_a_replicate_with_only_rounding_for_spread_does_not_explode_the_interval():
+    """Every problem has one labelled token among ~50: the ratios differ only through the
+    lengths, and a replicate that misses the one odd problem has an SE of ~1e-18."""
+    num, den = np.ones(8), np.array([49.0] + [51.0] * 7)
+    got = clustered.bootstrap_t_interval(num, den, clustered.bootstrap_counts(8, 999, 1))
+    assert got["low"] <= got["estimate"] <= got["high"] < 0.021
+
+
+def _paired_problems(rng, g, effect):
+    """Per problem: two categories' totals sharing a problem effect (the pairing)."""
+    shared = rng.normal(0, 1.0, g)
+    n_a, n_b = rng.integers(5, 30, g).astype(float), rng.integers(5, 30, g).astype(float)
+    a = n_a * (shared + effect) + rng.normal(0, 1, g) * np.sqrt(n_a)
+    b = n_b * shared + rng.normal(0, 1, g) * np.sqrt(n_b)
+    return a, n_a, b, n_b
+
+
+@pytest.mark.parametrize("g", [6, 12, 30])
+def test_difference_interval_covers_and_uses_the_pairing(g):
+    rng = np.random.default_rng(g)
+    cover, widths, unpaired = 0, [], []
+    sims = 300
+    for i in range(sims):
+        a, n_a, b, n_b = _paired_problems(rng, g, effect=0.5)
+        counts = clustered.bootstrap_counts(g, 499, i)
+        got = clustered.difference_interval(a, n_a, b, n_b, counts)
+        truth = 0.5  # the shared problem effect has mean 0 on both sides
+        cover += got["low"] <= truth <= got["high"]
+        widths.append(got["high"] - got["low"])
+        one = clustered.ratio_interval(a, n_a)
+        two = clustered.ratio_interval(b, n_b)
+        unpaired.append(np.hypot(one["high"] - one["low"], two["high"] - two["low"]))
+    assert 0.91 <= cover / sims <= 0.99, cover / sims
+    assert np.median(widths) < 0.8 * np.median(unpaired)  # the shared effect cancels
+
+
+def test_difference_interval_without_spread_or_problems():
+    same = clustered.difference_interval([2.0, 4.0], [1.0, 2.0], [1.0, 2.0], [1.0, 2.0],
+                                         clustered.bootstrap_counts(2, 99, 0))
+    assert same["estimate"] == 1.0 and same["low"] == same["high"] == 1.0
+    one = clustered.difference_interval([2.0], [1.0], [1.0], [1.0],
+                                        clustered.bootstrap_counts(1, 99, 0))
+    assert one["estimate"] == 1.0 and np.isnan(one["low"])
+    empty = clustered.difference_interval([0.0, 0.0], [0.0, 0.0], [1.0, 2.0], [1.0, 2.0],
+                                          clustered.bootstrap_counts(2, 99, 0))
+    assert np.isnan(empty["estimate"])

@@ -54,10 +54,46 @@ def test_choose_caps_each_group_and_refuses_an_empty_target():
     P = params.load("demo")
     P.forcing.max_rollouts = 3
     chosen = forcing_plan.choose(rollouts(), SELECTION, P)
-    assert chosen.groupby("group").size().to_dict() == {"control": 3, "ref_right": 3, "target": 3}
+    assert chosen.groupby("group").size().to_dict() == {"control": 3, "ref_right": 3, "target": 3,
+                                                        "t1_unselected": 3}
     P.forcing.failure_types = ["imported"]
     with pytest.raises(ValueError, match="no target rollouts.*truncated"):
         forcing_plan.choose(rollouts(), SELECTION, P)
+
+
+def test_t1_unselected_draws_temperature_1_rollouts_blind_to_their_outcome():
+    P = params.load("demo")
+    assert "t1_unselected" in P.forcing.groups
+    P.forcing.max_rollouts = 4
+    df = rollouts()
+    t1_rows = df.temperature == 1.0  # every outcome among the T = 1 rollouts
+    kinds = ["truncated", "correct", "no_box", "boxed_wrong"]
+    df.loc[t1_rows, "failure_type"] = [kinds[i % 4] for i in range(int(t1_rows.sum()))]
+    chosen = forcing_plan.choose(df, SELECTION, P)
+    t1 = chosen[chosen.group == "t1_unselected"]
+    assert len(t1) == 4 and (t1.temperature == 1.0).all()
+    assert set(t1.problem_id) == set("abcd"), "one per problem before any problem gets two"
+    assert not chosen.rollout_id.duplicated().any(), "a rollout is forced in one group only"
+    # outcome-blind: other outcomes for the same rollouts give the same draw
+    shuffled = df.assign(failure_type=df.failure_type.sample(frac=1, random_state=3).to_numpy())
+    again = forcing_plan.choose(shuffled, SELECTION, P)
+    assert set(again[again.group == "t1_unselected"].rollout_id) == set(t1.rollout_id)
+    # with no cap, every T = 1 rollout, whatever its outcome (truncated and right ones too)
+    P.forcing.max_rollouts = None
+    every = forcing_plan.choose(df, SELECTION, P)
+    every_t1 = every[every.group == "t1_unselected"]
+    assert set(every_t1.rollout_id) == set(df[df.temperature == 1.0].rollout_id)
+    assert {"truncated", "correct"} <= set(every_t1.failure_type)
+    assert (every[every.group != "t1_unselected"].temperature != 1.0).all()
+
+
+def test_t1_unselected_needs_rollouts_at_temperature_1():
+    P = params.load("demo")
+    cold = rollouts().assign(temperature=0.7)
+    with pytest.raises(ValueError, match="t1_unselected.*temperature 1.0.*rollouts.temperatures"):
+        forcing_plan.choose(cold, SELECTION, P)
+    P.forcing.groups = ["target", "ref_right", "control"]
+    assert "t1_unselected" not in set(forcing_plan.choose(cold, SELECTION, P).group)
 
 
 def test_only_checkpoints_in_a_pair_keep_their_hidden_states():

@@ -3,6 +3,7 @@ derive cell, before any model is loaded; the demo chain 01 -> 02 -> 03 runs on s
 parameters and its output names what it used."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,7 +83,9 @@ def test_demo_chain_01_02_03_reads_as_a_user_would(small_book, monkeypatch):
                                    storage.read_table(data / "selection"), P)
     assert set(tokens.checkpoint) == {"rlvr_step_1200"} and set(tokens.reference) == {"dpo"}
     assert set(tokens.rollout_id) == set(rollouts.rollout_id)
-    assert set(tokens.group) <= {"target", "ref_right", "control"}
+    assert set(tokens.group) <= {"target", "ref_right", "control", "t1_unselected"}
+    t1 = tokens[tokens.group == "t1_unselected"].drop_duplicates("rollout_id")
+    assert len(t1) and (t1.temperature == 1.0).all() and t1.problem_id.is_unique
     assert len(tokens) == int(rollouts.n_tokens.sum()), "one row per response token, EOS included"
     for r in rollouts.itertuples():
         rows = tokens[tokens.rollout_id == r.rollout_id].sort_values("pos")
@@ -117,6 +120,54 @@ def test_chapters_04_to_07_write_their_tables_and_pages(small_book):
     assert not (figures / "case_studies.html").exists(), "one case-study page: the chapter's"
     for chart in ("04_when", "05_calibration"):
         assert (figures / f"{chart}.svg").exists() and (figures / f"{chart}.png").exists()
+
+
+BAD_OUTPUT = re.compile(r"(?i:\b(nan|inf|infinity)\b)|<NA>|\bNaT\b")
+
+
+def shown_outputs(path) -> str:
+    """Everything an executed notebook shows: text, markdown, HTML tables and SVG charts."""
+    nb = nbformat.read(path, as_version=4)
+    shown = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            shown.append(out.get("text") or "")
+            shown += [v if isinstance(v, str) else "".join(v)
+                      for k, v in out.get("data", {}).items()
+                      if k.startswith("text/") or k == "image/svg+xml"]
+    return "\n".join(shown)
+
+
+NOT_YET = pytest.mark.xfail(strict=True, reason="06 shows NaN in its table of chosen cases "
+                                                "(matched_to of a case with no match): for 06")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("stem", ["04_divergence", "05_spikes",
+                                  pytest.param("06_case_studies", marks=NOT_YET),
+                                  "08_counterfactuals"])
+def test_an_executed_chapter_shows_no_nan(small_book, stem):
+    text = shown_outputs(small_book["figures"] / f"{stem}.ipynb")
+    found = [text[max(0, m.start() - 120):m.end() + 40] for m in BAD_OUTPUT.finditer(text)]
+    assert found == [], found[:3]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_chapter_04_prints_the_t1_check_and_the_phase_order_from_its_tables(small_book):
+    text = shown_outputs(small_book["figures"] / "04_divergence.ipynb")
+    check = re.search(r"T = 1 check on unselected rollouts[^\n]*", text)
+    assert check and "so the check PASSES" in check.group(0), check and check.group(0)
+    onsets = storage.read_table(small_book["data"] / "divergence_onsets")
+    onsets = onsets[onsets.group == "target"]
+    phases = re.search(r"Phases \(Δlogp[^\n]*", text).group(0)
+    for r in onsets.itertuples():
+        assert f"'{r.category}'" in phases, r.category
+        if r.status == "onset":
+            assert f"from step {r.onset_step}" in phases
+        elif r.status == "too few problems":
+            assert f"'{r.category}' ({r.most_problems})" in phases
 
 
 @pytest.mark.slow

@@ -84,7 +84,7 @@ def test_compile_body_is_true_false_or_unset(params_copy):
 
 def test_bad_choice_lists_valid_values(params_copy):
     edit(params_copy / "demo" / "suite.yaml", lambda d: d["forcing"].update(groups=["target", "wrong"]))
-    with pytest.raises(params.ParamsError, match=r"forcing.groups.*'wrong' is not one of \['target', 'ref_right', 'control'\]"):
+    with pytest.raises(params.ParamsError, match=r"forcing.groups.*'wrong' is not one of \['target', 'ref_right', 'control', 't1_unselected'\]"):
         params.load("demo")
 
 

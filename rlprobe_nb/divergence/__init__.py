@@ -6,7 +6,12 @@
                          token (result_first_wrong, result_correct, operand...)
   written_arithmetic     the lexer and parser ground_truth reads statements with
   summary                the aggregates: by step, tails, position, category
+  phases                 content apart from format: from which step each ground-truth label
+                         changes, which label changes most (tested), what a change of the
+                         mean KL is made of
   entropy_concentration  does the divergence sit where the reference was unsure?
-  estimator_lab          the sampled-token estimators k1, k2, k3 against the exact KL
+  estimator_lab          the sampled-token estimators k1, k2, k3: what they target under
+                         tempered sampling, reweighting, the T = 1 check on unselected draws
   charts                 the chapter's charts, from aggregated tables
+  narrative              the chapter's sentences, from aggregated tables (via reporting)
 """

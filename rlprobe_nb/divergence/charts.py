@@ -1,7 +1,10 @@
-"""Charts of chapter 04's aggregates (``divergence_summary``, ``entropy_concentration``,
+"""Charts of chapter 04's aggregates (``summary``, ``phases``, ``entropy_concentration``,
 ``estimator_lab``). Each takes an aggregated table (never token rows), draws RL step on x
-with the reference at 0 on the left, and names every KL by its direction in words.
-Render them with ``views.show(chart, save_as=...)`` (static SVG and PNG).
+with the reference at 0 on the left, and names every KL by its direction in words. An
+interval is drawn only where ``reporting`` would print it (enough problems, finite, not
+degenerate); a cell or point from too few problems is drawn faded. Render them with
+``views.show(chart, save_as=...)`` (static SVG and PNG). The chapter's sentences are in
+``narrative``.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from rlprobe_nb import reporting
+from rlprobe_nb.divergence.ground_truth import LABELS as GROUND_TRUTH
 from rlprobe_nb.divergence.token_categories import CATEGORIES
 
 LABELS = {
@@ -36,6 +41,14 @@ CATEGORY_STATISTIC_LABELS = {
     "kl_ckpt_ref_share": "share of all KL(ckpt‖ref)",
 }
 WIDTH, HEIGHT = 260, 180
+FEW = f"fewer than {reporting.MIN_CLUSTERS} problems"
+
+
+def shown(table: pd.DataFrame, estimate: str = "estimate") -> pd.DataFrame:
+    """``table`` with the bounds blanked where ``reporting`` would print no interval, and a
+    column ``enough`` (enough problems for one)."""
+    out = reporting.with_interval_text(table, estimate, "low", "high", "problems")
+    return out.assign(enough=out.problems >= reporting.MIN_CLUSTERS)
 
 
 def _steps_x(steps, title=STEP_AXIS):
@@ -55,14 +68,16 @@ def _estimate_with_interval(data: pd.DataFrame, x, y_title, colour=None, y="esti
 
 def when_chart(when: pd.DataFrame, per_problem: pd.DataFrame, group: str = "target",
                metrics=("kl_ref_ckpt", "kl_ckpt_ref", "js", "dlogp"),
-               accuracy: pd.DataFrame | None = None):
+               accuracy: pd.DataFrame | None = None,
+               ground_truth: pd.DataFrame | None = None):
     """Each metric's mean per token against RL step with its 95% interval, a thin line per
-    problem behind it; below, sharing the x axis, the checkpoints' accuracy (``accuracy``:
-    model, step, rate, low, high) when given."""
+    problem behind it; below, sharing the x axis, the mean Δlogp per ground-truth label
+    (``ground_truth``: ``summary.category_table`` over ``ground_truth.label``) and the
+    checkpoints' accuracy (``accuracy``: model, step, rate, low, high) when given."""
     x = _steps_x(pd.concat([when.step, accuracy.step if accuracy is not None else when.step]))
     panels = []
     for m in metrics:
-        means = when[(when.group == group) & (when.metric == m)]
+        means = shown(when[(when.group == group) & (when.metric == m)])
         lines = per_problem[(per_problem.group == group) & (per_problem.metric == m)]
         behind = alt.Chart(lines).mark_line(strokeWidth=0.7, opacity=0.3, color="gray").encode(
             x=x, y=alt.Y("mean:Q"), detail="problem_id:N")
@@ -70,14 +85,38 @@ def when_chart(when: pd.DataFrame, per_problem: pd.DataFrame, group: str = "targ
         panels.append(alt.layer(behind, front).properties(
             width=WIDTH, height=HEIGHT, title=SHORT[m].split(":")[0]))
     # two panels a row: four in one row (1,338 px) were cut off in a 1280-px window
-    top = alt.vconcat(*[alt.hconcat(*panels[i:i + 2]) for i in range(0, len(panels), 2)])
-    if accuracy is None:
-        return top.properties(
-            title=f"Mean per token, group {group!r} (95% intervals over problems)")
-    acc = _estimate_with_interval(accuracy.rename(columns={"rate": "estimate"}), x,
-                                  "accuracy").encode(tooltip=["model", "estimate", "low", "high"])
-    return alt.vconcat(top, acc.properties(width=WIDTH, height=110, title="Accuracy")).properties(
+    rows = [alt.hconcat(*panels[i:i + 2]) for i in range(0, len(panels), 2)]
+    if ground_truth is not None:
+        rows.append(_labels_over_steps(ground_truth, group, x))
+    if accuracy is not None:
+        acc = _estimate_with_interval(accuracy.rename(columns={"rate": "estimate"}), x,
+                                      "accuracy").encode(tooltip=["model", "estimate", "low",
+                                                                  "high"])
+        rows.append(acc.properties(width=WIDTH, height=110, title="Accuracy"))
+    return alt.vconcat(*rows).properties(
         title=f"Mean per token, group {group!r} (95% intervals over problems)")
+
+
+def _labels_over_steps(ground_truth: pd.DataFrame, group: str, x,
+                       statistic: str = "dlogp_mean"):
+    """Mean Δlogp per ground-truth label against step (the reference at 0), one colour per
+    label; labels from too few problems faded, without intervals."""
+    data = ground_truth[(ground_truth.group == group) & (ground_truth.statistic == statistic)]
+    start = data.drop_duplicates("category").assign(step=0, estimate=0.0, low=np.nan,
+                                                     high=np.nan)
+    data = shown(pd.concat([start, data], ignore_index=True))
+    order = [c for c in reversed(GROUND_TRUTH) if c in set(data.category)]
+    colour = alt.Color("category:N", title="ground-truth label", sort=order)
+    base = alt.Chart(data).encode(x=x, color=colour)
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("estimate:Q", title=LABELS["dlogp"]),
+        opacity=alt.condition("datum.enough", alt.value(1.0), alt.value(0.3)),
+        tooltip=["category", "step", "interval", "problems", "rows"])
+    rule = base.mark_rule().encode(y="low:Q", y2="high:Q")
+    return alt.layer(rule, line).properties(
+        width=2 * WIDTH, height=HEIGHT,
+        title=["Content apart from format: mean Δlogp by ground-truth label",
+               f"(faded: {FEW}, no interval drawn)"])
 
 
 def ecdf_chart(ecdf: pd.DataFrame, group: str = "target"):
@@ -94,7 +133,7 @@ def ecdf_chart(ecdf: pd.DataFrame, group: str = "target"):
 
 def tails_chart(tails: pd.DataFrame, group: str = "target"):
     """Each tail statistic (quantiles, share above a threshold) against RL step."""
-    data = tails[tails.group == group]
+    data = shown(tails[tails.group == group])
     panels = []
     for name, part in data.groupby("statistic", sort=True):
         title = ([f"{name} of"] + LABELS[part.metric.iloc[0]]) if name.startswith("p") else \
@@ -107,7 +146,7 @@ def tails_chart(tails: pd.DataFrame, group: str = "target"):
 def position_chart(position: pd.DataFrame, group: str = "target", metric: str = "kl_ref_ckpt"):
     """The metric's mean by relative position (deciles), by absolute position (doubling
     bins) and for the first response token and EOS on their own, one colour per step."""
-    data = position[(position.group == group) & (position.metric == metric)]
+    data = shown(position[(position.group == group) & (position.metric == metric)])
     colour = alt.Color("step:O", title="RL step", scale=alt.Scale(scheme="viridis"))
     panels = []
     for scheme, title in (("relative", "relative position in the response"),
@@ -125,25 +164,34 @@ def position_chart(position: pd.DataFrame, group: str = "target", metric: str = 
 
 
 def category_heatmap(categories: pd.DataFrame, group: str = "target",
-                     statistic: str = "dlogp_mean"):
+                     statistic: str = "dlogp_mean", ground_truth: pd.DataFrame | None = None):
     """Token category x RL step, coloured by the mean Δlogp (diverging, centred at 0: red
-    where the checkpoint gives the reference's tokens less probability)."""
-    data = categories[(categories.group == group) & (categories.statistic == statistic)]
+    where the checkpoint gives the reference's tokens less probability); beside it the same
+    for the ground-truth labels when given. Cells from too few problems are faded."""
+    maps = [_heatmap(categories, group, statistic, CATEGORIES, "token category")]
+    if ground_truth is not None:
+        maps.append(_heatmap(ground_truth, group, statistic, GROUND_TRUTH, "ground-truth label"))
+    return alt.hconcat(*maps).resolve_scale(color="shared").properties(
+        title=[f"Mean Δlogp by kind of token, group {group!r}",
+               "Δlogp = log p(ckpt) − log p(ref) of the token the reference wrote;",
+               f"red: the checkpoint gives it less probability; faded: {FEW}"])
+
+
+def _heatmap(table: pd.DataFrame, group: str, statistic: str, names, title: str):
+    data = shown(table[(table.group == group) & (table.statistic == statistic)])
     reach = float(np.nanmax(np.abs(data.estimate))) if data.estimate.notna().any() else 0.0
     reach = max(reach, 1e-9)
-    order = [c for c in reversed(CATEGORIES) if c in set(data.category)]
+    order = [c for c in reversed(names) if c in set(data.category)]
     base = alt.Chart(data).encode(x=alt.X("step:O", title=STEP_AXIS),
-                                  y=alt.Y("category:N", sort=order, title="token category"))
+                                  y=alt.Y("category:N", sort=order, title=title))
     cells = base.mark_rect().encode(color=alt.Color(
         "estimate:Q", title="mean Δlogp, nats",
         scale=alt.Scale(scheme="redblue", domain=[-reach, reach], domainMid=0)),
-        tooltip=["category", "step", "estimate", "low", "high", "rows"])
+        opacity=alt.condition("datum.enough", alt.value(1.0), alt.value(0.35)),
+        tooltip=["category", "step", "interval", "problems", "rows"])
     text = base.mark_text(fontSize=9).encode(text=alt.Text("estimate:Q", format=".2f"))
     return alt.layer(cells, text).properties(
-        width=70 * max(data.step.nunique(), 1), height=18 * max(len(order), 1),
-        title=[f"Mean Δlogp by token category, group {group!r}",
-               "Δlogp = log p(ckpt) − log p(ref) of the token the reference wrote;",
-               "red: the checkpoint gives it less probability"])
+        width=70 * max(data.step.nunique(), 1), height=18 * max(len(order), 1))
 
 
 def category_share_chart(categories: pd.DataFrame, group: str = "target",
@@ -153,7 +201,7 @@ def category_share_chart(categories: pd.DataFrame, group: str = "target",
     data = categories[(categories.group == group)
                       & categories.statistic.isin(list(CATEGORY_STATISTIC_LABELS))]
     step = int(data.step.max()) if step is None else step
-    data = data[data.step == step].assign(
+    data = shown(data[data.step == step]).assign(
         what=lambda d: d.statistic.map(CATEGORY_STATISTIC_LABELS))
     order = [c for c in reversed(CATEGORIES) if c in set(data.category)]
     base = alt.Chart(data).encode(y=alt.Y("category:N", sort=order, title="token category"),
@@ -168,7 +216,7 @@ def category_share_chart(categories: pd.DataFrame, group: str = "target",
 def entropy_chart(deciles: pd.DataFrame, group: str = "target"):
     """KL in both directions and the change of entropy by decile of the reference's
     entropy, one line per step."""
-    data = deciles[deciles.group == group]
+    data = shown(deciles[deciles.group == group])
     colour = alt.Color("step:O", title="RL step", scale=alt.Scale(scheme="viridis"))
     x = alt.X("entropy_decile:O", title="decile of the reference's entropy (0 = most certain)")
     panels = [_estimate_with_interval(data[data.metric == m], x, LABELS[m], colour).properties(
@@ -181,7 +229,7 @@ def concentration_chart(share: pd.DataFrame, group: str = "target",
                         metric: str = "kl_ref_ckpt"):
     """The share of all KL carried by the highest-entropy positions against RL step, the
     permutation null as a grey band and the mechanical share as an orange band."""
-    data = share[(share.group == group) & (share.metric == metric)]
+    data = shown(share[(share.group == group) & (share.metric == metric)])
     x = _steps_x(data.step)
     top = float(data.top.iloc[0]) if len(data) else 0.2
     null = alt.Chart(data).mark_area(opacity=0.3, color="gray").encode(
@@ -223,7 +271,7 @@ def similarity_heatmap(similarity: pd.DataFrame, group: str = "target"):
 def estimator_bias_chart(lab: pd.DataFrame, group: str = "target", level: str = "token"):
     """Each estimator's bias, mean(k − exact), by rollout temperature, against the exact
     KL in each direction; one colour per step, 95% intervals over problems."""
-    data = lab[(lab.group == group) & (lab.level == level)].assign(
+    data = shown(lab[(lab.group == group) & (lab.level == level)], "bias").assign(
         direction=lambda d: d.target.map({"kl_ref_ckpt": "vs KL(ref‖ckpt)",
                                           "kl_ckpt_ref": "vs KL(ckpt‖ref)"}))
     base = alt.Chart().encode(x=alt.X("temperature_label:N", title="rollout temperature"),
@@ -261,13 +309,16 @@ def estimator_scatter_chart(scatter: pd.DataFrame, estimator: str = "k3",
 
 
 def changes_for_display(changes: pd.DataFrame, group: str = "target") -> pd.DataFrame:
-    """The step-to-step change table with readable column names (directions in words)."""
+    """The step-to-step change table for a reader: directions in words, each change with
+    its interval as text (``reporting``: none from too few problems, never NaN)."""
     data = changes[changes.group == group].assign(metric=lambda d: d.metric.map(SHORT))
-    return data.rename(columns={"step_from": "from step", "step_to": "to step",
-                                "change": "change of the mean", "low": "95% low",
-                                "high": "95% high"})[
-        ["metric", "from step", "to step", "change of the mean", "95% low", "95% high",
-         "problems", "rows"]].reset_index(drop=True)
+    data = data.rename(columns={"step_from": "from step", "step_to": "to step"})[
+        ["metric", "from step", "to step", "change", "low", "high", "problems", "rows"]]
+    return reporting.display_table(data.reset_index(drop=True), {
+        "change of the mean [95% interval]": ("change", "low", "high", "problems",
+                                              {"signed": True})})[
+        ["metric", "from step", "to step", "change of the mean [95% interval]", "problems",
+         "rows"]]
 
 
 def group_contrast_chart(when: pd.DataFrame, metric: str = "kl_ref_ckpt"):
@@ -275,7 +326,7 @@ def group_contrast_chart(when: pd.DataFrame, metric: str = "kl_ref_ckpt"):
     group's wrong reasoning against the reference's right rollouts of the same problems
     and the control problems' rollouts (each group drawn slightly apart so the intervals
     do not hide each other; the tooltip gives the step)."""
-    data = when[when.metric == metric].copy()
+    data = shown(when[when.metric == metric])
     groups = sorted(data.group.unique())
     span = max(float(data.step.max() - data.step.min()), 1.0)
     offset = data.group.map(groups.index) - (len(groups) - 1) / 2
@@ -285,92 +336,3 @@ def group_contrast_chart(when: pd.DataFrame, metric: str = "kl_ref_ckpt"):
     return _estimate_with_interval(data, x, LABELS[metric], colour).encode(
         tooltip=["group", "step", "estimate", "low", "high", "problems"]).properties(
         width=360, height=220, title=f"{SHORT[metric].split(':')[0]} per group (95% intervals)")
-
-
-# Sentences for the narrative, built from the tables (so no number is ever typed).
-
-def _interval(row, scale: float = 1.0, digits: int = 3) -> str:
-    return (f"{scale * row.estimate:.{digits}g} [{scale * row.low:.{digits}g}, "
-            f"{scale * row.high:.{digits}g}]")
-
-
-def say_when(when: pd.DataFrame, changes: pd.DataFrame, group: str = "target",
-             metric: str = "kl_ref_ckpt") -> str:
-    """The last step's mean and the largest step-to-step change of ``metric``."""
-    rows = when[(when.group == group) & (when.metric == metric) & (when.step > 0)]
-    if rows.empty:
-        return f"No checkpoint rows in group {group!r}."
-    last = rows.loc[rows.step.idxmax()]
-    steps = changes[(changes.group == group) & (changes.metric == metric)]
-    big = steps.loc[steps.change.abs().idxmax()]
-    return (f"At step {last.step} ({last.checkpoint}), the mean {WORDS[metric]} is "
-            f"{_interval(last)} nats per token (95% interval over {last.problems} problems, "
-            f"{last.rows} tokens; the reference is 0 by definition). The largest change "
-            f"between consecutive steps is from step {big.step_from} to {big.step_to}: "
-            f"{big.change:+.3g} [{big.low:+.3g}, {big.high:+.3g}] nats.")
-
-
-def say_tails(tails: pd.DataFrame, group: str = "target") -> str:
-    """The last step's high quantile and share of tokens above the threshold."""
-    rows = tails[(tails.group == group)]
-    if rows.empty:
-        return f"No checkpoint rows in group {group!r}."
-    last = rows[rows.step == rows.step.max()].set_index("statistic")
-    share = last.loc[[s for s in last.index if s.startswith("share")][0]]
-    quantile = last.loc[sorted(s for s in last.index if s.startswith("p"))[-1]]
-    return (f"At step {share.step}, {_interval(share, 100)}% of tokens have "
-            f"{SHORT[share.metric].split(':')[0]} {share.name.replace('share ', '')}, and its "
-            f"{quantile.name} is {_interval(quantile)} nats.")
-
-
-def say_categories(categories: pd.DataFrame, group: str = "target") -> str:
-    """At the last step: the most rejected category, and the category whose share of all
-    KL(ref‖ckpt) exceeds its share of the tokens by the most."""
-    rows = categories[categories.group == group]
-    last = rows[rows.step == rows.step.max()]
-    dlogp = last[last.statistic == "dlogp_mean"].dropna(subset=["estimate"])
-    if dlogp.empty:
-        return f"No categorised rows in group {group!r}."
-    worst = dlogp.loc[dlogp.estimate.idxmin()]
-    kl = last[last.statistic == "kl_ref_ckpt_share"].set_index("category")
-    tok = last[last.statistic == "token_share"].set_index("category")
-    excess = (kl.estimate - tok.estimate).dropna()
-    if worst.estimate < 0:
-        text = (f"At step {worst.step}, the checkpoint lowers the probability of the "
-                f"reference's '{worst.category}' tokens most: mean Δlogp {_interval(worst)} nats.")
-    else:
-        text = f"At step {worst.step}, no category's tokens lose probability on average."
-    if not excess.empty:
-        top = excess.idxmax()
-        text += (f" '{top}' tokens carry {_interval(kl.loc[top], 100)}% of all KL(ref‖ckpt) "
-                 f"while being {_interval(tok.loc[top], 100)}% of the tokens.")
-    return text
-
-
-def say_concentration(share: pd.DataFrame, group: str = "target",
-                      metric: str = "kl_ref_ckpt") -> str:
-    """The last step's concentration against both baselines."""
-    rows = share[(share.group == group) & (share.metric == metric)].dropna(subset=["estimate"])
-    if rows.empty:
-        return f"No {metric} to share out in group {group!r} (the checkpoints equal the reference)."
-    last = rows.loc[rows.step.idxmax()]
-    return (f"At step {last.step}, the {100 * last.top:g}% highest-entropy positions carry "
-            f"{_interval(last, 100)}% of all {SHORT[metric].split(':')[0]}. Shuffling the "
-            f"values within problems gives {100 * last.null_mean:.3g}% "
-            f"[{100 * last.null_low:.3g}, {100 * last.null_high:.3g}]; the same small nudge "
-            f"to every logit everywhere would give {100 * last.mechanical_low:.3g}–"
-            f"{100 * last.mechanical_high:.3g}%.")
-
-
-def say_estimators(lab: pd.DataFrame, group: str = "target", estimator: str = "k3") -> str:
-    """The mean of ``estimator`` against the exact KL(ref‖ckpt) per temperature at the last
-    step, with the interval of its bias."""
-    rows = lab[(lab.group == group) & (lab.level == "token") & (lab.estimator == estimator)
-               & (lab.target == "kl_ref_ckpt")]
-    if rows.empty:
-        return f"No rows in group {group!r}."
-    last = rows[rows.step == rows.step.max()]
-    parts = [f"{r.temperature_label}: {r.mean_estimate:.3g} against {r.mean_exact:.3g} "
-             f"(bias {r.bias:+.3g} [{r.low:+.3g}, {r.high:+.3g}])" for r in last.itertuples()]
-    return (f"At step {last.step.iloc[0]}, the mean of {estimator} per token against the exact "
-            f"KL(ref‖ckpt), by rollout temperature: " + "; ".join(parts) + ".")

@@ -23,7 +23,8 @@ threshold. For those:
   between steps is resampled as a pair); each replicate's deviation R* - R is divided by
   its own cluster-robust standard error (sqrt(sum_g e_g^2) / sum_g den_g, computed for all
   replicates at once by matrix products) and the interval is R - q_{97.5%} SE ..
-  R - q_{2.5%} SE.
+  R - q_{2.5%} SE. A replicate whose drawn problems all share one ratio has no spread
+  of its own (its SE is rounding, ``NO_SPREAD``) and is scaled by the observed SE.
   On simulated tokens with a problem effect (ICC 0.3) it covers 94-96% with 9, 20 and 100
   problems, where the percentile bootstrap covers ~89% with 9. Studentizing also corrects
   part of the skew of heavy-tailed values such as KL: on log-normal tokens with 9
@@ -53,6 +54,8 @@ N_BOOT = 999
 # again and again has a near-zero spread, so t* explodes): the CR2 t interval, exact for
 # normal data and merely conservative otherwise, is used instead.
 MIN_PROBLEMS_BOOTSTRAP_T = 8
+# A replicate's standard error below this share of the observed one is rounding, not spread.
+NO_SPREAD = 1e-6
 
 
 def problem_codes(problems) -> tuple[np.ndarray, np.ndarray]:
@@ -155,7 +158,10 @@ def bootstrap_t_interval(num, den, counts: np.ndarray, alpha: float = 0.05) -> d
         squares = (counts @ (centred * centred).T - 2 * shift * (counts @ (centred * den).T)
                    + shift * shift * (counts @ (den * den).T))
         rep_se = np.sqrt(np.maximum(squares, 0.0)) / np.abs(drawn_den)
-        t_star = shift / np.where(rep_se > 0, rep_se, se)
+        # A replicate whose drawn problems all have the same ratio has no spread; rounding
+        # leaves it ~1e-18 instead of 0, which would make t* explode: below a millionth of
+        # the observed SE it counts as none.
+        t_star = shift / np.where(rep_se > NO_SPREAD * se, rep_se, se)
     t_star[~np.isfinite(t_star)] = np.nan
     q_low, q_high = _nanquantiles(t_star, alpha)
     low, high = ratio - q_high * se, ratio - q_low * se
@@ -286,3 +292,56 @@ def _by_problem(series: pd.Series, n_problems: int) -> pd.DataFrame:
     """A (keys..., _g) Series as a [keys, problem] frame with every problem a column."""
     wide = series.unstack("_g", fill_value=0.0)
     return wide.reindex(columns=range(n_problems), fill_value=0.0).astype(np.float64)
+
+
+def difference_interval(num_a, den_a, num_b, den_b, counts: np.ndarray,
+                        alpha: float = 0.05) -> dict:
+    """The paired interval of D = sum(num_a) / sum(den_a) − sum(num_b) / sum(den_b), two
+    ratios over the *same* problems (per-problem totals [G]; a problem may carry only one
+    side), e.g. the mean Δlogp of one token category minus another's at one step.
+
+    Its linearised residual per problem is e_g = (num_a_g − R_a den_a_g) / sum(den_a) −
+    (num_b_g − R_b den_b_g) / sum(den_b), so a problem that moves both sides together
+    cancels out: the pairing. With ``MIN_PROBLEMS_BOOTSTRAP_T`` problems or more, a
+    bootstrap-t over the shared ``counts`` (each replicate studentized by its own
+    residuals); with fewer, the t interval with G − 1 degrees of freedom and the
+    small-sample factor G / (G − 1). Fewer than two problems give NaN. Returns estimate,
+    se, low, high, problems (problems carrying either side)."""
+    x = np.stack([np.asarray(v, dtype=np.float64) for v in (num_a, den_a, num_b, den_b)])
+    present = (x[1] != 0) | (x[3] != 0)
+    g = int(present.sum())
+    nan = {"estimate": np.nan, "se": np.nan, "low": np.nan, "high": np.nan, "problems": g}
+    if x[1].sum() == 0 or x[3].sum() == 0:
+        return nan
+    estimate, resid = _difference_residuals(x)
+    se = float(np.sqrt((resid * resid).sum() * g / max(g - 1, 1)))
+    out = {"estimate": float(estimate), "se": se, "problems": g}
+    if g < 2:
+        return {**nan, "estimate": float(estimate)}
+    if se == 0:
+        return {**out, "low": float(estimate), "high": float(estimate)}
+    if g < MIN_PROBLEMS_BOOTSTRAP_T:
+        half = stats.t.ppf(1 - alpha / 2, g - 1) * se
+        return {**out, "low": float(estimate - half), "high": float(estimate + half)}
+    drawn = counts @ x.T  # [B, 4]: each replicate's totals
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ra, rb = drawn[:, 0] / drawn[:, 1], drawn[:, 2] / drawn[:, 3]
+        # e*_g = sum_i coef_i x_ig, coefficients per replicate: 1/Da, -Ra/Da, -1/Db, Rb/Db
+        coef = np.stack([1 / drawn[:, 1], -ra / drawn[:, 1], -1 / drawn[:, 3], rb / drawn[:, 3]], 1)
+        squares = np.einsum("bi,bj,bij->b", coef, coef,
+                            np.einsum("bg,ig,jg->bij", counts, x, x))
+        rep_se = np.sqrt(np.maximum(squares, 0.0) * g / max(g - 1, 1))
+        t_star = (ra - rb - estimate) / np.where(rep_se > NO_SPREAD * se, rep_se, se)
+    t_star = t_star[np.isfinite(t_star)]
+    if len(t_star) < 10:
+        return {**out, "low": np.nan, "high": np.nan}
+    q_low, q_high = np.quantile(t_star, [alpha / 2, 1 - alpha / 2])
+    return {**out, "low": float(estimate - q_high * se), "high": float(estimate - q_low * se)}
+
+
+def _difference_residuals(x: np.ndarray):
+    """D and its per-problem linearised residuals from totals x = [num_a, den_a, num_b,
+    den_b] x G."""
+    da, db = x[1].sum(), x[3].sum()
+    ra, rb = x[0].sum() / da, x[2].sum() / db
+    return ra - rb, (x[0] - ra * x[1]) / da - (x[2] - rb * x[3]) / db

@@ -10,6 +10,12 @@ What is forced, by group (``forcing.groups``), so every effect has a contrast:
              ``truncated`` only if listed: an unfinished text is not a wrong answer)
   ref_right  the reference's right rollouts of the same problems, where any exist
   control    the rollouts of the control problems (reference right, target wrong)
+  t1_unselected  rollouts sampled at temperature 1, *whatever their outcome* (right, wrong,
+             truncated), of the selected and control problems: tokens that are plain draws
+             from the reference, where the sampled-token KL estimators must meet the exact
+             KL (chapter 04's control on real tables). Drawn first, by a seeded lot that
+             never looks at the outcome; a rollout drawn here is forced in this group only,
+             and the other groups draw from the rest.
 ``forcing.max_rollouts`` caps each group with a seeded draw stratified by temperature and
 problem, so no temperature and no problem is dropped while others are kept whole.
 
@@ -28,11 +34,13 @@ import pandas as pd
 
 from rlprobe_nb import distributed, forcing
 from rlprobe_nb.forcing import sharded
+from rlprobe_nb.statistics import seed_from
 from rlprobe_nb.suite import models, params
 from rlprobe_nb.suite.params import Params
 from rlprobe_nb.tables import lineage, provenance, storage
 
-GROUPS = ("target", "ref_right", "control")
+GROUPS = ("target", "ref_right", "control", "t1_unselected")
+UNSELECTED = "t1_unselected"
 
 
 def assign_groups(rollouts: pd.DataFrame, selection: pd.DataFrame,
@@ -70,10 +78,29 @@ def stratified(df: pd.DataFrame, limit: int | None, seed: int) -> pd.DataFrame:
     return df.loc[sorted(chosen, key=order.index)]
 
 
+def unselected_draw(rollouts: pd.DataFrame, selection: pd.DataFrame, limit: int | None,
+                    seed: int) -> pd.DataFrame:
+    """The ``t1_unselected`` group: rollouts sampled at temperature 1 of the selected and
+    control problems, any outcome, at most ``limit`` drawn evenly over the problems (the
+    draw never reads failure_type, grade or text)."""
+    group_of = rollouts["problem_id"].map(selection.set_index("problem_id")["group"])
+    pool = rollouts[group_of.isin(["selected", "control"]) & (rollouts["temperature"] == 1.0)]
+    if pool.empty:
+        found = sorted(rollouts["temperature"].dropna().unique().tolist())
+        raise ValueError(f"forcing.groups lists {UNSELECTED!r}, but no rollout of a selected or "
+                         f"control problem was sampled at temperature 1.0 (the rollouts have "
+                         f"{found}): add 1.0 to rollouts.temperatures and rerun 02, or drop the "
+                         "group")
+    return stratified(pool, limit, seed_from(seed, UNSELECTED))
+
+
 def choose(rollouts: pd.DataFrame, selection: pd.DataFrame, P: Params) -> pd.DataFrame:
     """The rollouts to force, each with its ``group``, in a stable order."""
     F = P.forcing
     grouped = assign_groups(rollouts, selection, F.failure_types)
+    if UNSELECTED in F.groups:  # first, so the outcome never decides what it draws
+        drawn = unselected_draw(rollouts, selection, F.max_rollouts, F.seed)
+        grouped.loc[drawn.index, "group"] = UNSELECTED
     parts = [stratified(grouped[grouped["group"] == g], F.max_rollouts, F.seed)
              for g in F.groups]
     chosen = pd.concat(parts) if parts else grouped.iloc[:0]

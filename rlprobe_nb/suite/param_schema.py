@@ -112,7 +112,8 @@ class RuntimeParams:
 CHOICES = {
     "problems.source": ("demo", "hub", "file", "prior"),
     "rollouts.source": ("generate", "prior"),
-    "forcing.groups": ("target", "ref_right", "control"),
+    # t1_unselected: chapter 04's T = 1 control (forcing.plan), needs 1.0 in the temperatures
+    "forcing.groups": ("target", "ref_right", "control", "t1_unselected"),
     "forcing.failure_types": ("correct", "boxed_wrong", "empty_box", "no_box", "truncated",
                               "imported"),
     "forcing.context_policy": ("skip", "error"),

@@ -104,7 +104,7 @@ TOKENS = pa.schema(
         ("suite", _str),
         ("checkpoint", _str),
         ("reference", _str),
-        ("group", _str),  # "target" | "ref_right" | "control" (see forcing_plan)
+        ("group", _str),  # "target" | "ref_right" | "control" | "t1_unselected" (forcing.plan)
         ("problem_id", _str),
         ("rollout_id", _str),
         ("failure_type", _str),  # of the rollout: see rollouts.FAILURE_TYPES
@@ -204,13 +204,31 @@ ESTIMATOR_LAB = pa.schema(
     [("group", _str), ("level", _str), ("estimator", _str), ("target", _str),
      ("step", _i64), ("checkpoint", _str), ("temperature_label", _str),
      ("mean_estimate", _f64), ("mean_exact", _f64), ("bias", _f64), ("low", _f64),
-     ("high", _f64), ("relative_bias", _f64), ("spread", _f64), ("spearman", _f64), *_COUNTS]
+     ("high", _f64), ("relative_bias", _f64), ("spread", _f64), ("spearman", _f64),
+     ("largest_share", _f64), ("meets_exact", _str), *_COUNTS]
 )
 ESTIMATOR_REWEIGHTED = pa.schema(
     [("group", _str), ("estimator", _str), ("step", _i64), ("checkpoint", _str),
      ("temperature_label", _str), ("mean_exact", _f64), ("mean_raw", _f64),
-     ("reweighted_low", _f64), ("reweighted_high", _f64), ("error_mid", _f64),
-     ("error_low", _f64), ("error_high", _f64), *_COUNTS]
+     ("reweighted_low", _f64), ("reweighted_mid", _f64), ("reweighted_high", _f64),
+     ("error_mid", _f64), ("error_low", _f64), ("error_high", _f64), ("low", _f64),
+     ("high", _f64), ("meets_exact", _str), *_COUNTS]
+)
+# Chapter 04, content apart from format (rlprobe_nb.divergence.phases): per ground-truth
+# label the step from which it changes; the paired differences behind "most" claims.
+DIVERGENCE_ONSETS = pa.schema(
+    [("group", _str), ("category", _str), ("status", _str), ("onset_step", _i64),
+     ("direction", _i32), ("step", _i64), *_INTERVAL, ("problems", _i32),
+     ("most_problems", _i32)]  # onset_step -1: no onset
+)
+DIVERGENCE_CHANGE_BY_LABEL = pa.schema(
+    [("group", _str), ("metric", _str), ("step_from", _i64), ("step_to", _i64),
+     ("category", _str), *_INTERVAL, ("se", _f64), *_COUNTS]  # adds up to the change
+)
+DIVERGENCE_CONTRASTS = pa.schema(
+    [("group", _str), ("scheme", _str), ("step", _i64), ("checkpoint", _str),
+     ("statistic", _str), ("category", _str), ("versus", _str), ("eligible", pa.bool_()),
+     *_INTERVAL, ("se", _f64), ("problems", _i32)]
 )
 
 TABLES.update({
@@ -221,6 +239,10 @@ TABLES.update({
     "divergence_tails": DIVERGENCE_TAILS,
     "divergence_position": DIVERGENCE_POSITION,
     "divergence_categories": DIVERGENCE_CATEGORIES,
+    "divergence_ground_truth": DIVERGENCE_CATEGORIES,  # the same, by ground-truth label
+    "divergence_onsets": DIVERGENCE_ONSETS,
+    "divergence_contrasts": DIVERGENCE_CONTRASTS,
+    "divergence_change_by_label": DIVERGENCE_CHANGE_BY_LABEL,
     "divergence_similarity": DIVERGENCE_SIMILARITY,
     "entropy_deciles": ENTROPY_DECILES,
     "entropy_share": ENTROPY_SHARE,
