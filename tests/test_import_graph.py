@@ -4,8 +4,9 @@ stages, never later ones, and nothing outside ``demo/`` imports the demo suite's
 Layers, lowest first (every import of the package is read, at module level and inside
 functions alike, with ``ast``; nothing is imported to check):
 
-  base        progress, statistics, readable (how values read on a page), the package's
-              ``__init__``: import no other module of the package
+  base        progress, statistics, readable (how values read on a page), reporting (how
+              an estimate and its interval are printed), the package's ``__init__``:
+              import no other module of the package
   foundation  suite/, tables/: what a suite is and how results are kept; import each
               other and base only
   helpers     views (pandas displays every stage shows), distributed (worker processes for
@@ -30,7 +31,7 @@ import pytest
 from rlprobe_nb.suite import paths
 
 PACKAGE = "rlprobe_nb"
-BASE = {"progress", "statistics", "readable", "(init)"}
+BASE = {"progress", "statistics", "readable", "reporting", "(init)"}
 FOUNDATION = {"suite", "tables"}
 HELPERS = {"views", "distributed"}
 RUNNER = {"book", "kernels", "pages"}
