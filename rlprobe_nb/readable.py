@@ -111,8 +111,40 @@ def frame_html(df, html_columns: tuple = ()) -> str:
                           show_dimensions=pd.get_option("display.show_dimensions") is True, border=1)
 
 
+def frame_text(df) -> str:
+    """A DataFrame as plain text the way :func:`frame_html` shows it: numbers to meaningful
+    digits, a missing value as an en dash (the text form a notebook keeps beside the HTML)."""
+    import pandas as pd
+
+    def cell(column):
+        show = (number if pd.api.types.is_numeric_dtype(df[column]) and
+                not pd.api.types.is_bool_dtype(df[column])
+                else visible if is_token_column(column) else str)
+        return lambda v: "–" if _missing(v) else show(v)
+
+    # nullable (extension) columns print <NA> whatever na_rep says: show them as objects
+    nullable = [c for c in df.columns if isinstance(df[c].dtype, pd.api.extensions.ExtensionDtype)
+                and df[c].isna().any()]
+    formatters = {c: cell(c) for c in df.columns}
+    if nullable:
+        df = df.assign(**{c: [None if _missing(v) else v for v in df[c]] for c in nullable})
+    return df.to_string(formatters=formatters, na_rep="–",
+                        max_rows=pd.get_option("display.max_rows"),
+                        max_cols=pd.get_option("display.max_columns"))
+
+
+def _missing(value) -> bool:
+    import pandas as pd
+
+    try:
+        return value is None or bool(pd.isna(value))
+    except (TypeError, ValueError):  # a list or array cell
+        return False
+
+
 def install() -> bool:
-    """Register :func:`frame_html` for DataFrames in the running IPython; False outside one."""
+    """Register :func:`frame_html` and :func:`frame_text` for DataFrames in the running
+    IPython; False outside one."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -123,4 +155,6 @@ def install() -> bool:
     import pandas as pd
 
     shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)
+    shell.display_formatter.formatters["text/plain"].for_type(
+        pd.DataFrame, lambda df, printer, cycle: printer.text(frame_text(df)))
     return True

@@ -138,14 +138,10 @@ def shown_outputs(path) -> str:
     return "\n".join(shown)
 
 
-NOT_YET = pytest.mark.xfail(strict=True, reason="06 shows NaN in its table of chosen cases "
-                                                "(matched_to of a case with no match): for 06")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("stem", ["04_divergence", "05_spikes",
-                                  pytest.param("06_case_studies", marks=NOT_YET),
+                                  "06_case_studies",
                                   "08_counterfactuals"])
 def test_an_executed_chapter_shows_no_nan(small_book, stem):
     text = shown_outputs(small_book["figures"] / f"{stem}.ipynb")
