@@ -71,11 +71,11 @@ def runs(P: params.Params, only: list[str] | None = None,
         base = {"suite": P.suite} if "suite" in declared else {}
         if overwrite and "overwrite" in declared:
             base["overwrite"] = True
-        if nb.stem == PER_CHECKPOINT:
-            for i, ckpt in enumerate(P.checkpoints):
-                spread = i == 0 and "checkpoints" in declared and len(P.checkpoints) > 1 \
+        if nb.stem == PER_CHECKPOINT:  # the RLVR run, then the placebo run (05's null)
+            for i, ckpt in enumerate(P.forced):
+                spread = i == 0 and "checkpoints" in declared and len(P.forced) > 1 \
                     and distributed.processes() > 1
-                extra = {"checkpoints": P.checkpoints} if spread else {}
+                extra = {"checkpoints": P.forced} if spread else {}
                 out.append((nb, {**base, "checkpoint": ckpt, **extra}, f"{nb.stem}__{ckpt}"))
         else:
             out.append((nb, base, nb.stem))
