@@ -4,8 +4,8 @@ stages, never later ones, and nothing outside ``demo/`` imports the demo suite's
 Layers, lowest first (every import of the package is read, at module level and inside
 functions alike, with ``ast``; nothing is imported to check):
 
-  base        progress, statistics, the package's ``__init__``: import no other module of
-              the package
+  base        progress, statistics, reporting, the package's ``__init__``: import no other
+              module of the package
   foundation  suite/, tables/: what a suite is and how results are kept; import each
               other and base only
   helpers     views (pandas displays every stage shows), distributed (worker processes for
@@ -29,7 +29,7 @@ import pytest
 from rlprobe_nb.suite import paths
 
 PACKAGE = "rlprobe_nb"
-BASE = {"progress", "statistics", "(init)"}
+BASE = {"progress", "statistics", "reporting", "(init)"}
 FOUNDATION = {"suite", "tables"}
 HELPERS = {"views", "distributed"}
 STAGES = {"problems": 1, "generation": 2, "forcing": 3, "divergence": 4, "spikes": 5,
