@@ -146,13 +146,13 @@ plants.plant_ranks(TOKENS, NULLS, sizes=(-3.0,), n=plants_per_size, seed=seed,
 # simulated null table of the same size and typical drift (nothing planted).
 
 # %%
-target = TOKENS[TOKENS.checkpoint == P.target]
-halves_of = PLACEBO[PLACEBO.checkpoint == P.placebo_for(P.target)] if P.target in NULLS else target
-HALVES = external.halves_pvalues(halves_of, seed=seed, divergence=divergence)
+target = TOKENS[TOKENS.checkpoint == TOKENS.checkpoint.iloc[-1]]
+halves_of = NULLS.get(target.checkpoint.iloc[0], target)
 null_tests = detect(simulate.null_like(target), q=q, min_effect=0.0, divergence=divergence)
 pvalues = charts.pvalues_by_label(**{
-    f"{P.target} (real)": tests[tests.checkpoint == P.target], "simulated null": null_tests,
-    f"{halves_of.checkpoint.iloc[0]}, half vs half": HALVES})
+    f"{target.checkpoint.iloc[0]} (real)": tests[tests.checkpoint == target.checkpoint.iloc[0]],
+    "simulated null": null_tests,
+    **external.halves_by_label(halves_of, seed=seed, divergence=divergence)})
 views.show(charts.calibration_chart(pvalues), save_as=figures / "05_calibration")
 
 # %%

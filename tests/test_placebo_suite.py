@@ -98,3 +98,78 @@ def test_a_placebo_cannot_be_the_target(demo_copy):
                                                          "target: placebo_step_1200"))
     with pytest.raises(params.ParamsError, match="is a placebo checkpoint"):
         params.load("demo")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_notebook_03_forces_a_placebo_and_05_tests_against_it(tmp_path):
+    """A small suite (the demo's GGUF reference, two shipped adapters: one as the RLVR
+    checkpoint, the other as a stand-in placebo at its step) through 01, 02 and 03 for
+    both checkpoints with papermill; the placebo's token table is read only when asked
+    for, and 05's external null uses it."""
+    import json
+    import os
+    import sys
+
+    sys.path.insert(0, str(paths.REPO_ROOT / "tests"))
+    from test_notebooks import outputs, papermill
+
+    from rlprobe_nb.spikes import detect, external
+    from rlprobe_nb.suite import gguf_cache
+
+    adapters = paths.shipped_dir("demo") / "adapters"
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps(
+        {"unique_id": f"p/{i}", "problem": f"What is ${a} + {b}$?", "answer": str(a + b)}) + "\n"
+        for i, (a, b) in enumerate([(12, 30), (7, 8), (25, 19), (41, 17)])))
+    folder = tmp_path / "params" / "mini"
+    folder.mkdir(parents=True)
+    (folder / "suite.yaml").write_text(yaml.safe_dump({
+        "suite": "mini", "reference": "dpo", "target": "rlvr_step_1200",
+        "models": {"dpo": {"kind": "gguf", "path": str(gguf_cache.demo_gguf_path())}},
+        "problems": {"source": "file", "path": str(problems)},
+        "grading": {"timeout_s": 5.0, "workers": 1},
+        "filtering": {"n_samples": 1, "max_new_tokens": 24, "batch_size": 8,
+                      "ref_max_pass": 1.0, "target_min_pass": 0.0},
+        "rollouts": {"n_per_problem": 2, "max_new_tokens": 24, "batch_size": 8},
+        "forcing": {"failure_types": ["boxed_wrong", "empty_box", "no_box", "truncated"],
+                    "max_rollouts": 8, "topk": 5, "pairs": []},
+        "runtime": {"device": "cpu", "dtype": "float32"}}))
+    for name, run, adapter in (("rlvr_step_1200", "rlvr", "rlvr_step_1200"),
+                               ("placebo_step_1200", "placebo", "rlvr_step_100")):
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump({
+            "step": 1200, "run": run,
+            "model": {"kind": "peft", "base": "dpo", "path": str(adapters / adapter)}}))
+    env = {**os.environ, "RLPROBE_OUT": str(tmp_path / "out"),
+           "RLPROBE_PARAMS": str(tmp_path / "params")}
+    runs = [("01_filtering", ()), ("02_rollouts", ()),
+            ("03_teacher_forcing", (("checkpoint", "placebo_step_1200"),)),
+            ("03_teacher_forcing", (("checkpoint", "rlvr_step_1200"),))]
+    for i, (nb, extra) in enumerate(runs):
+        out = tmp_path / f"{i}_{nb}.ipynb"
+        result = papermill(f"{nb}.ipynb", out, ("suite", "mini"), *extra, env=env)
+        assert result.returncode == 0, outputs(out)[-3000:]
+    text = outputs(tmp_path / "2_03_teacher_forcing.ipynb")
+    assert "checkpoint 'placebo_step_1200' (step 1200)" in text
+    assert "placebo_step_1200 vs dpo:" in text
+
+    old = {k: os.environ.get(k) for k in ("RLPROBE_OUT", "RLPROBE_PARAMS")}
+    os.environ.update(RLPROBE_OUT=env["RLPROBE_OUT"], RLPROBE_PARAMS=env["RLPROBE_PARAMS"])
+    try:
+        P = params.load("mini")
+        assert P.checkpoints == ["rlvr_step_1200"] and P.placebos == ["placebo_step_1200"]
+        tokens = suite_tables.read_tokens(P)
+        assert set(tokens.checkpoint) == {"rlvr_step_1200"}
+        placebo, nulls, used = external.suite_nulls(P, P.checkpoints)
+        assert set(placebo.checkpoint) == {"placebo_step_1200"}
+        assert used.null.tolist() == ["placebo_step_1200"]
+        # both runs were forced over the same contexts
+        assert set(placebo.context_id) == set(tokens.context_id)
+        tests = detect(tokens, nulls=nulls)
+        assert (tests.null == "placebo_step_1200").all() and tests.p.between(0, 1).all()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

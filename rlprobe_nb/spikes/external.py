@@ -134,3 +134,14 @@ def halves_pvalues(tokens: pd.DataFrame, splits: int = 10, seed: int = 0,
         for (_, c, w), (_, nc, nw) in ((a, b), (b, a)):
             out.append(external_test(c, w, nc, nw)[0].p.to_numpy())
     return np.concatenate(out)
+
+
+def halves_by_label(tokens: pd.DataFrame, **kw) -> dict[str, np.ndarray]:
+    """``{label: halves_pvalues(tokens)}`` for a calibration chart, or {} (with a line
+    saying why) when the table has too few problems to split."""
+    n = tokens.problem_id.nunique()
+    if n < 4:
+        print(f"{tokens.checkpoint.iloc[0]}: {n} problems, too few to split into two halves "
+              "for the null-vs-null check")
+        return {}
+    return {f"{tokens.checkpoint.iloc[0]}, half vs half": halves_pvalues(tokens, **kw)}

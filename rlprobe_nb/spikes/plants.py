@@ -128,11 +128,13 @@ def eligible_rows(tokens: pd.DataFrame, d: float) -> pd.Series:
 
 
 def choose_contexts(tokens: pd.DataFrame, n: int, d: float = -3.0, seed: int = 0,
-                    taken: pd.DataFrame | None = None, spacing: int = 8) -> pd.Index:
+                    taken: pd.DataFrame | None = None, spacing: int = 8,
+                    strict: bool = True) -> pd.Index:
     """``n`` rows of one checkpoint's table to plant in, drawn at random among
     ``eligible_rows``, no two (nor any of the rows ``taken``: rollout_id, pos) of one
     rollout closer than ``spacing`` positions, so that no plant sits in another's
-    immediate context."""
+    immediate context. A table with room for fewer raises, or with ``strict=False``
+    gives as many as it has room for."""
     if tokens.checkpoint.nunique() != 1:
         raise ValueError("choose plants in one checkpoint's table at a time")
     pool = tokens[eligible_rows(tokens, d).to_numpy()]
@@ -151,6 +153,8 @@ def choose_contexts(tokens: pd.DataFrame, n: int, d: float = -3.0, seed: int = 0
         picked.append(pool.index[i])
         if len(picked) == n:
             return pd.Index(picked)
+    if not strict:
+        return pd.Index(picked)
     raise ValueError(f"only {len(picked)} contexts {spacing} or more tokens apart can hold a "
                      f"plant of {d} nats; asked for {n}")
 
@@ -164,15 +168,16 @@ def plant(tokens: pd.DataFrame, where: pd.Index, d) -> pd.DataFrame:
     return out
 
 
-def plant_sizes(tokens: pd.DataFrame, sizes=(-1.0, -3.0), n: int = 10,
-                seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+def plant_sizes(tokens: pd.DataFrame, sizes=(-1.0, -3.0), n: int = 10, seed: int = 0,
+                strict: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One checkpoint's table with ``n`` plants of each size in ``sizes`` (nats, Δlogp),
-    apart from each other (``choose_contexts``). Returns (planted table, plants: row,
-    context_id, problem_id, d, logp_ref)."""
+    apart from each other (``choose_contexts``; ``strict=False``: fewer where a small
+    table has no room). Returns (planted table, plants: row, context_id, problem_id, d,
+    logp_ref)."""
     where, size = [], []
     for i, d in enumerate(sizes):
         picked = choose_contexts(tokens, n, d, seed_from(seed, i),
-                                 taken=tokens.loc[where, ["rollout_id", "pos"]])
+                                 taken=tokens.loc[where, ["rollout_id", "pos"]], strict=strict)
         where += list(picked)
         size += [d] * len(picked)
     index = pd.Index(where)
@@ -213,7 +218,7 @@ def plant_check(tokens: pd.DataFrame, nulls: Mapping[str, pd.DataFrame] | None =
         rows = rows.reset_index(drop=True)
         null = {ckpt: nulls[ckpt]} if ckpt in nulls else None
         for run in range(runs):
-            planted, where = plant_sizes(rows, sizes, n, seed_from(seed, run))
+            planted, where = plant_sizes(rows, sizes, n, seed_from(seed, run), strict=False)
             tests = detect(planted, nulls=null, **detect_kw)
             found = recall(tests, where).assign(checkpoint=ckpt, run=run)
             out.append(found.assign(step=rows.step.iloc[0] if "step" in rows else None,
@@ -238,7 +243,7 @@ def plant_ranks(tokens: pd.DataFrame, nulls: Mapping[str, pd.DataFrame] | None =
     out = []
     for ckpt, rows in tokens.groupby("checkpoint", sort=False):
         rows = rows.reset_index(drop=True)
-        planted, where = plant_sizes(rows, sizes, n, seed)
+        planted, where = plant_sizes(rows, sizes, n, seed, strict=False)
         tests = detect(planted, nulls={ckpt: nulls[ckpt]} if ckpt in nulls else None,
                        **detect_kw).drop_duplicates("context_id")
         real = np.sort(tests.p[~tests.context_id.isin(where.context_id)].to_numpy())
