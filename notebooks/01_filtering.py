@@ -25,6 +25,8 @@
 # decides "wrong" on its own.
 
 # %%
+from typing import Optional
+
 import pandas as pd
 
 from rlprobe_nb import statistics
@@ -35,11 +37,11 @@ from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import keys, lineage, provenance, schemas, storage
 
 # %% tags=["parameters"]
-suite: str | None = None
-n_problems: int | None = None
-n_samples: int | None = None
-max_new_tokens: int | None = None
-overwrite: bool = False
+suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
+n_problems: Optional[int] = None  # read at most this many problems (default: problem_sources.limit in suite.yaml)
+n_samples: Optional[int] = None  # sampled answers per model and problem, besides the greedy one (default: filtering.n_samples)
+max_new_tokens: Optional[int] = None  # answer length limit, tokens (default: filtering.max_new_tokens)
+overwrite: bool = False  # recompute tables computed from other inputs (without it they are refused, naming what changed)
 
 # %% [markdown]
 # Parameters come from `params/<suite>/suite.yaml`; the cell above only overrides them.

@@ -26,6 +26,8 @@
 # Only a finished text is a wrong answer; an unfinished one is not forced by default.
 
 # %%
+from typing import Optional
+
 from rlprobe_nb import statistics
 from rlprobe_nb.generation import rollouts
 from rlprobe_nb.problems import grading
@@ -34,10 +36,10 @@ from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import lineage, provenance, schemas, storage
 
 # %% tags=["parameters"]
-suite: str | None = None
-n_per_problem: int | None = None
-max_new_tokens: int | None = None
-overwrite: bool = False
+suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
+n_per_problem: Optional[int] = None  # rollouts of the reference per problem (default: rollouts.n_per_problem)
+max_new_tokens: Optional[int] = None  # rollout length limit, tokens (default: rollouts.max_new_tokens)
+overwrite: bool = False  # recompute tables computed from other inputs (without it they are refused, naming what changed)
 
 # %% [markdown]
 # Parameters come from `params/<suite>/suite.yaml`; the cell above only overrides them.

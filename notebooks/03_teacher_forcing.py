@@ -31,6 +31,8 @@
 # Schulman's sampled-token functions k1, k2, k3 of the written token.
 
 # %%
+from typing import Optional
+
 from IPython.display import HTML
 
 from rlprobe_nb import forcing, render, views
@@ -39,12 +41,12 @@ from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import lineage, storage
 
 # %% tags=["parameters"]
-suite: str | None = None
-checkpoint: str = "rlvr_step_1200"
-checkpoints: list[str] | None = None
-max_rollouts: int | None = None
-batch_tokens: int | None = None
-overwrite: bool = False
+suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
+checkpoint: str = "rlvr_step_1200"  # the RLVR checkpoint forced against the reference: params/<suite>/<checkpoint>.yaml
+checkpoints: Optional[list[str]] = None  # several GPUs: force these checkpoints in this run, one per GPU (the book sets it)
+max_rollouts: Optional[int] = None  # force at most this many rollouts (default: forcing.max_rollouts)
+batch_tokens: Optional[int] = None  # tokens per forward batch (default: forcing.batch_tokens)
+overwrite: bool = False  # recompute tables computed from other inputs (without it they are refused, naming what changed)
 
 # %%
 params.check_notebook_parameters(globals())

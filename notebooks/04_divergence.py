@@ -37,6 +37,8 @@
 # prompt alone and repeats across rollouts) and shown on its own with EOS.
 
 # %%
+from typing import Optional
+
 from IPython.display import Markdown, display
 
 from rlprobe_nb import views
@@ -47,9 +49,9 @@ from rlprobe_nb.suite import params, paths
 from rlprobe_nb.tables import lineage, suite_tables
 
 # %% tags=["parameters"]
-suite: str | None = None
-group: str = "target"
-seed: int = 0
+suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
+group: str = "target"  # the rollouts described: target, ref_right or control
+seed: int = 0  # seed of the bootstrap over problems
 
 # %%
 params.check_notebook_parameters(globals())

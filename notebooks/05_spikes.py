@@ -27,6 +27,8 @@
 # tables, and follow every spike, and every kind of token, across the training steps.
 
 # %%
+from typing import Optional
+
 from IPython.display import Markdown
 
 from rlprobe_nb import views
@@ -43,19 +45,20 @@ from rlprobe_nb.spikes import (
                                   summary,
                                   table,
 )
+from rlprobe_nb.render import viewer_links
 from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import lineage, provenance, schemas, suite_tables
 
 # %% tags=["parameters"]
-suite: str | None = None
-q: float = 0.05
-min_effect: float = 0.1
-divergence: str = "jeffreys"
-group: str = "target"
-n_top: int = 12
-plants_per_size: int = 10
-plant_runs: int = 2
-seed: int = 0
+suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
+q: float = 0.05  # false discovery rate of the test (Benjamini-Hochberg, per checkpoint)
+min_effect: float = 0.1  # smallest divergence that can be a spike, nats
+divergence: str = "jeffreys"  # the divergence tested: jeffreys (KL both ways summed), kl_ref_ckpt, kl_ckpt_ref or js
+group: str = "target"  # the group whose tokens the onsets by label read: target, ref_right or control
+n_top: int = 12  # rows of the tables of strongest spikes and departures
+plants_per_size: int = 10  # plants of each size in a checkpoint's table, per run of the plant check
+plant_runs: int = 2  # runs of the plant check per checkpoint (each with its own plants)
+seed: int = 0  # of the cross-fitting folds, the plants, the bootstrap and the calibration splits
 
 # %%
 params.check_notebook_parameters(globals())
@@ -246,14 +249,15 @@ views.show(charts.new_persistent_chart(per_step, accuracy=accuracy),
 # At the last checkpoint, the first response token left out (it depends on the prompt
 # alone): the sentence around the token (in [brackets]), what it did to the written
 # token, and the token the checkpoint moved probability to, with its probability under
-# the reference (blank when outside the reference's top-k) and the checkpoint.
+# the reference (blank when outside the reference's top-k) and the checkpoint. Each row
+# links to the viewer (chapter 07) at its token.
 
 # %%
 TOP = table.top_spikes(spikes, n=n_top)
 Markdown(narrative.say_spikes(SUMMARY, len(TOP), n_top))
 
 # %%
-table.shown(TOP, "no spike at the last checkpoint")
+viewer_links.with_links(TOP) if len(TOP) else table.shown(TOP, "no spike at the last checkpoint")
 
 # %% [markdown]
 # What the detector ranks highest at the last checkpoint, spike or not: the contexts with
@@ -263,7 +267,7 @@ table.shown(TOP, "no spike at the last checkpoint")
 # strongest departures, labelled as such.
 
 # %%
-table.strongest_departures(tests, n=n_top, min_effect=min_effect)
+viewer_links.with_links(table.strongest_departures(tests, n=n_top, min_effect=min_effect))
 
 # %% [markdown]
 # Adjacent spikes merged into regions of text, for the case studies of chapter 06.

@@ -31,24 +31,26 @@
 # departures in the table and in every caption.
 
 # %%
+from typing import Optional
+
 from IPython.display import HTML, display
 
-from rlprobe_nb.render import case_page, case_studies, shared_scale
-from rlprobe_nb.suite import models, params, paths
-from rlprobe_nb.tables import lineage, storage, suite_tables
+from rlprobe_nb.render import case_page, case_studies, shared_scale, viewer_links
+from rlprobe_nb.suite import models, params
+from rlprobe_nb.tables import lineage, suite_tables
 
 # %% tags=["parameters"]
-suite: str | None = None
-seed: int = 0
-n_categories: int = 3
-earliest_onset: bool = True
-n_random: int = 1
-n_controls: int = 1
-group: str = "target"
-persistence: str = "persistent"
-window: int = 8
-metric: str = "dlogp"
-scale_quantile: float = 0.99
+suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
+seed: int = 0  # seed of the random case and of the control chosen among the nearest
+n_categories: int = 3  # the strongest spike of each of this many most frequent categories
+earliest_onset: bool = True  # add the spike with the earliest onset
+n_random: int = 1  # random spikes added (seeded)
+n_controls: int = 1  # quiet positions matched on the reference entropy of a chosen spike
+group: str = "target"  # the rollout group the cases come from
+persistence: str = "persistent"  # persistent, transient or sign_flip spikes only
+window: int = 8  # tokens shown either side of a case, one row per step
+metric: str = "dlogp"  # the colour: dlogp, kl_ref_ckpt, kl_ckpt_ref, js or dentropy
+scale_quantile: float = 0.99  # the colour scale ends at this quantile of |value| over the suite
 
 # %%
 params.check_notebook_parameters(globals())
@@ -67,13 +69,14 @@ print(f"suite {P.suite!r}: {len(tokens):,} token rows, {len(SPIKES):,} spike row
 # %% [markdown]
 # ## The cases the rule picks
 #
-# One row per case: which item of the rule chose it, the rollout and the token position.
-# The same tables and seed give the same cases.
+# One row per case: which item of the rule chose it, the rollout and the token position,
+# and a link that opens the viewer (chapter 07) there. The same tables and seed give the
+# same cases.
 
 # %%
 choices = case_studies.select_cases(tokens, SPIKES, rule)
 print(", ".join(f"{n} {kind} case(s)" for kind, n in choices.kind.value_counts().items()))
-choices
+viewer_links.with_links(choices)
 
 # %% [markdown]
 # ## Each case
@@ -88,15 +91,3 @@ cases = case_studies.build_cases(choices, tokens, SPIKES, tables["problems"], ta
                                  tables["answers"], window=rule.window)
 for case in cases:
     display(HTML(case_page.case_html(case, scale, decode, SPIKES)))
-
-# %% [markdown]
-# ## One page
-#
-# The same cases as a single self-contained page (inline CSS and SVG, no script, no
-# network), to read or share without Jupyter.
-
-# %%
-page = case_page.case_studies_page(cases, scale, decode, SPIKES, title=f"Case studies · suite {P.suite}",
-                                   intro=f"Cases chosen by the rule {rule}.")
-path = storage.atomic_write_text(paths.figures_dir(P.suite) / "case_studies.html", page)
-print(f"{path} ({len(page.encode()) / 1e6:.1f} MB)")

@@ -16,26 +16,34 @@
 # %% [markdown]
 # # 07 · The viewer: scroll a response, see where each checkpoint departs
 #
-# Any forced response, token by token, coloured by how a checkpoint's next-token
-# distribution departs from the reference's there. Pick a problem and one of its rollouts,
-# move through training with the step slider (or press play), or compare two checkpoints.
-# The colour scale is shared by the whole suite unless you ask for one fitted to this
-# rollout; spikes from chapter 05 are outlined at the q-value you choose. Hover a token for
-# its numbers; select one (its position, or "next spike") to see it across steps.
+# Any forced response, token by token, coloured by how a checkpoint departs from the
+# reference there (by default Δlogp, the change of the written token's log-probability:
+# red where the checkpoint rejects it, blue where it endorses it; KL in either direction,
+# JS or the entropy change on request). Pick a rollout from the list, ranked by the final
+# checkpoint's largest departure in it, move through training with the step slider (or
+# press play, or ← → with the response focused), or compare two checkpoints. The colour
+# scale is shared by the whole suite unless you ask for one fitted to this rollout; spikes
+# from chapter 05 are outlined at the q-value you choose. Hover a token for its numbers;
+# click one (or step through the spikes with n / p) to see it across steps with both
+# models' top-k; search the text to outline every match. A link from chapters 05 and 06
+# opens the viewer at its rollout and token (the parameters `rollout_id` and `token`).
 
 # %%
+from typing import Optional
+
 from IPython.display import HTML
 
-from rlprobe_nb.render import viewer
+from rlprobe_nb.render import viewer, viewer_targets
 from rlprobe_nb.suite import models, params
 from rlprobe_nb.tables import lineage, suite_tables
 
 # %% tags=["parameters"]
-suite: str | None = None
-metric: str = "dlogp"
-scale_quantile: float = 0.99
-q: float = 0.05
-rollout_id: str | None = None
+suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
+metric: str = "dlogp"  # the colour at opening: dlogp, kl_ref_ckpt, kl_ckpt_ref, js or dentropy
+scale_quantile: float = 0.99  # the colour scale ends at this quantile of |value| over the suite
+q: float = 0.05  # spikes whose q-value is at most this are outlined
+rollout_id: Optional[str] = None  # open at this rollout (default: the most spikes at the final checkpoint)
+token: Optional[int] = None  # and select this token position of it (links from 05 and 06 set both)
 
 # %%
 params.check_notebook_parameters(globals())
@@ -49,7 +57,7 @@ tokenizer = models.load_tokenizer(P.reference, P)
 decode = lambda token_id: tokenizer.decode([token_id])  # noqa: E731
 start = rollout_id or viewer.default_rollout(tokens, SPIKES)
 print(f"suite {P.suite!r}: {tokens.rollout_id.nunique()} rollouts at {tokens.checkpoint.nunique()} checkpoints; "
-      f"opening {start!r}")
+      f"opening {start!r}" + (f" at token {token}" if token is not None else ""))
 
 # %% [markdown]
 # ## The viewer
@@ -60,7 +68,7 @@ print(f"suite {P.suite!r}: {tokens.rollout_id.nunique()} rollouts at {tokens.che
 
 # %%
 app = viewer.open_viewer(tokens, SPIKES, decode, texts, metric=metric, quantile=scale_quantile, q=q,
-                         rollout_id=start)
+                         rollout_id=start, token=token)
 app
 
 # %% [markdown]
@@ -71,3 +79,14 @@ app
 
 # %%
 HTML(app.static_html([P.checkpoints[0], P.checkpoints[-1]]))
+
+# %% [markdown]
+# ## The tokens other chapters link to
+#
+# In an exported page, a link from chapter 05 or 06 lands here: each token those pages
+# link to, in its response at the final checkpoint (ringed), then its values over steps
+# and both models' top-k at every step. In JupyterLab the same links open the live viewer
+# above at that token.
+
+# %%
+HTML(viewer_targets.targets_html(app, viewer_targets.linked_targets(tokens, SPIKES)))

@@ -36,6 +36,8 @@
 # significant spike)" in the table, the charts and the text.
 
 # %%
+from typing import Optional
+
 import pandas as pd
 from IPython.display import display
 
@@ -48,19 +50,19 @@ from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import lineage, provenance, suite_tables
 
 # %% tags=["parameters"]
-suite: str | None = None
-checkpoint: str | None = None
-group: str = "target"
-n: int | None = None
-max_points: int | None = None
-grid_points: int | None = None
-n_case_studies: int | None = None
-temperature: float | None = None
-ref_min_pass: float | None = None
-caliper: float | None = None
-seed: int | None = None
-n_boot: int = 2000
-overwrite: bool = False
+suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
+checkpoint: Optional[str] = None  # the checkpoint that continues the rollouts (default: the final one)
+group: str = "target"  # the rollout group branched: target, ref_right or control
+n: Optional[int] = None  # continuations per context (default: counterfactuals.n)
+max_points: Optional[int] = None  # branch points, spikes or else departures (default: counterfactuals.max_points)
+grid_points: Optional[int] = None  # prefix lengths of each takeover curve (default: counterfactuals.grid_points)
+n_case_studies: Optional[int] = None  # rollouts that get a takeover curve (default: counterfactuals.case_studies)
+temperature: Optional[float] = None  # sampling temperature of the continuations (default: counterfactuals.temperature)
+ref_min_pass: Optional[float] = None  # the reference continues only problems it solves at least this often
+caliper: Optional[float] = None  # controls: largest gap to the point in the reference entropy, nats
+seed: Optional[int] = None  # seed of the continuations (default: counterfactuals.seed)
+n_boot: int = 2000  # bootstrap resamples of the effect intervals
+overwrite: bool = False  # recompute tables computed from other inputs (without it they are refused, naming what changed)
 
 # %% [markdown]
 # `checkpoint` is whose spikes are branched at (None: the final one). The sampling sizes

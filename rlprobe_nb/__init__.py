@@ -13,6 +13,7 @@ one subpackage per stage, imports only downward (a test checks the graph).
   counterfactuals/   08  does the token matter? branching and grading continuations
   demo/              only the demo suite: its GRPO run, tiny stand-ins
   book, distributed, progress, statistics, views: used by every stage
+  kernels, pages/, readable: how the book runs its notebooks and how its pages read
 """
 
 __version__ = "0.1.0"
@@ -22,3 +23,6 @@ from rlprobe_nb.progress import quiet_library_progress as _quiet
 
 if _in_kernel():  # library progress bars as plain text in notebooks (see progress)
     _quiet()
+    from rlprobe_nb.readable import install as _readable_tables
+
+    _readable_tables()  # DataFrames to meaningful digits, token text visible (see readable)

@@ -4,6 +4,7 @@ checkpoint), each executed notebook and its HTML export under figures/<suite>/.
     python -m rlprobe_nb.book                 # the active suite (demo unless named)
     python -m rlprobe_nb.book --suite tulu3   # the real suite, on GPUs
     python -m rlprobe_nb.book --only 03       # one chapter
+    python -m rlprobe_nb.book --only 03 --checkpoint rlvr_step_1200   # one run of 03
     python -m rlprobe_nb.book --overwrite     # recompute tables whose inputs changed
     python -m rlprobe_nb.book --prepare       # one-time set-up (convert the demo GGUF)
 
@@ -23,9 +24,18 @@ The HTML pages open with no network: nbconvert's lab template without the script
 would fetch from a CDN (require.js, MathJax, mermaid, the widget manager). Formulas
 therefore show as their LaTeX source (nbconvert has no server-side math renderer, and
 MathJax itself cannot load offline); a widget view, which only the widget manager could
-draw, shows its static fallback or a note. Pages that still reference the network (an
+draw, shows its static fallback or a note. Charts shown through ``views.show`` stay
+interactive, the Vega scripts inlined once a page (``pages.charts``). Input cells are
+hidden by cell tags, with a "show code" switch (``pages.code_cells``); every page links to
+the suite's index and to its previous and next pages, and the index (``index.html``, written
+after every run) lists the chapters with their headline numbers read from the tables
+(``pages.navigation``, ``pages.headlines``). Pages that still reference the network (an
 output's own script, e.g. a chart displayed as an altair object instead of through
 ``views.show``) are listed at the end of the run.
+
+Kernels are started with IPC transport where the system has it (``kernels``), so the run's
+report is not interrupted by ipykernel's warning about unencrypted TCP. Lines in which a
+notebook says it reused a complete table are repeated in the run's report.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from rlprobe_nb import distributed
+from rlprobe_nb.pages import navigation
 from rlprobe_nb.suite import params, paths
 from rlprobe_nb.tables.atomic import FILE_MODE
 
@@ -59,10 +70,16 @@ def declared_parameters(nb: Path) -> set[str]:
 
 
 def runs(P: params.Params, only: list[str] | None = None,
-         overwrite: bool = False) -> list[tuple[Path, dict, str]]:
+         overwrite: bool = False, checkpoints: list[str] | None = None) -> list[tuple[Path, dict, str]]:
     """(notebook, papermill parameters, output stem) for each run of the book. A notebook
     gets ``suite`` only if it declares it (the appendix is about the demo suite alone), and
-    ``overwrite=True`` (recompute tables whose inputs changed) if asked and declared."""
+    ``overwrite=True`` (recompute tables whose inputs changed) if asked and declared;
+    ``checkpoints`` keeps only those runs of the per-checkpoint chapter (03)."""
+    unknown = sorted(set(checkpoints or []) - set(P.forced))
+    if unknown:
+        raise params.ParamsError(f"unknown checkpoint(s) {unknown} for suite {P.suite!r}; "
+                                 f"valid: {list(P.forced)}")
+    wanted = [c for c in P.forced if not checkpoints or c in checkpoints]
     out = []
     for nb in notebooks():
         if only and not any(nb.stem.startswith(o) for o in only):
@@ -72,10 +89,10 @@ def runs(P: params.Params, only: list[str] | None = None,
         if overwrite and "overwrite" in declared:
             base["overwrite"] = True
         if nb.stem == PER_CHECKPOINT:  # the RLVR run, then the placebo run (05's null)
-            for i, ckpt in enumerate(P.forced):
-                spread = i == 0 and "checkpoints" in declared and len(P.forced) > 1 \
+            for i, ckpt in enumerate(wanted):
+                spread = i == 0 and "checkpoints" in declared and len(wanted) > 1 \
                     and distributed.processes() > 1
-                extra = {"checkpoints": P.forced} if spread else {}
+                extra = {"checkpoints": wanted} if spread else {}
                 out.append((nb, {**base, "checkpoint": ckpt, **extra}, f"{nb.stem}__{ckpt}"))
         else:
             out.append((nb, base, nb.stem))
@@ -86,12 +103,17 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 STATIC_MIMETYPES = ("text/html", "image/svg+xml", "image/png", "image/jpeg", "text/markdown")
 WIDGET_NOTE = "[interactive widget: run this notebook in JupyterLab to use it]"
 
-# nbconvert's lab template (the default) minus every script it loads from a CDN.
+# nbconvert's lab template (the default) minus every script it loads from a CDN, plus what
+# the book adds (``resources["rp"]``: head, top and bottom): the charts' inlined scripts, the
+# styles that hide input cells, the navigation bars.
 OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block html_head_js -%}{%- endblock html_head_js -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block extra_css -%}{{ super() }}{{ resources.get('rp', {}).get('head', '') }}{%- endblock extra_css -%}
+{%- block body_header -%}{{ super() }}{{ resources.get('rp', {}).get('top', '') }}{%- endblock body_header -%}
+{%- block body_footer -%}{{ resources.get('rp', {}).get('bottom', '') }}{{ super() }}{%- endblock body_footer -%}
 """
 
 
@@ -133,7 +155,11 @@ def offline_exporter():
 
 
 class _NetworkReferences(HTMLParser):
-    """Collects what a page would fetch: src/href URLs, URLs in script code, CSS imports."""
+    """Collects what a page would fetch: src/href URLs, URLs in script code, CSS imports.
+    The Vega scripts the book inlines (marked ``data-rp-bundle``) name a few URLs in their
+    code (schema ids, the Vega editor's address for an action the book turns off) that they
+    never fetch: their code is not searched (the browser tests load such pages with the
+    network cut off and check that no request was made)."""
 
     FETCHED = re.compile(r"(?:https?:)?//", re.I)  # an absolute or protocol-relative URL
     IN_CODE = re.compile(r"""https?://[^\s"'`<>)]+""", re.I)
@@ -148,7 +174,8 @@ class _NetworkReferences(HTMLParser):
         for name, value in attrs:
             if tag != "a" and name in ("src", "href") and value and self.FETCHED.match(value.strip()):
                 self.found.append(f"<{tag} {name}={value.strip()}>")  # <a href> is followed, not fetched
-        self._inside = tag if tag in ("script", "style") else None
+        inlined = tag == "script" and any(name == "data-rp-bundle" for name, _ in attrs)
+        self._inside = tag if tag in ("script", "style") and not inlined else None
 
     def handle_endtag(self, tag):
         self._inside = None
@@ -168,16 +195,54 @@ def network_references(page: str) -> list[str]:
     return parser.found
 
 
-def export_html(executed: Path) -> tuple[Path, list[str]]:
+def export_html(executed: Path, pages: list[navigation.Page] | None = None) -> tuple[Path, list[str]]:
     """The executed notebook as a self-contained page beside it; also returns what the
-    page would still load from the network (outputs' own scripts), if anything."""
+    page would still load from the network (outputs' own scripts), if anything. ``pages``:
+    the suite's pages in order, for the previous / next links (none without it)."""
     import nbformat
 
+    from rlprobe_nb.pages import charts, code_cells
+    from rlprobe_nb.render import viewer_links
     from rlprobe_nb.tables.storage import atomic_write_text
 
     nb = without_widget_views(nbformat.read(executed, 4))
-    body, _ = offline_exporter().from_notebook_node(nb)
+    for cell in nb.cells:  # before nbconvert re-serialises the page (attributes reordered)
+        for output in cell.get("outputs", []):
+            if "text/html" in output.get("data", {}):
+                output["data"]["text/html"] = viewer_links.for_exported_page(output["data"]["text/html"])
+    n_charts = charts.embed_charts(nb)
+    code_cells.tag_inputs(nb)
+    stem = executed.stem
+    listed = pages is not None and stem in [p.stem for p in pages]
+    top = navigation.nav_html(pages, stem, code_cells.toggle_html()) if listed else \
+        f'<nav class="rp-nav">{code_cells.toggle_html()}</nav>'
+    resources = {"rp": {"head": navigation.NAV_CSS + code_cells.CSS + charts.page_head(n_charts), "top": top,
+                        "bottom": navigation.nav_html(pages, stem, bottom=True) if listed else ""}}
+    body, _ = offline_exporter().from_notebook_node(nb, resources=resources)
     return atomic_write_text(executed.with_suffix(".html"), body), network_references(body)
+
+
+def write_index(P: params.Params, pages: list[navigation.Page]) -> Path:
+    """The suite's index page (``index.html`` beside the pages), its numbers read now."""
+    from rlprobe_nb.pages import headlines
+    from rlprobe_nb.tables.storage import atomic_write_text
+
+    figures = paths.figures_dir(P.suite)
+    numbers = headlines.headlines(P, pages, paths.data_dir(P.suite))
+    return atomic_write_text(figures / f"{navigation.INDEX}.html",
+                             navigation.index_html(P.suite, pages, figures, numbers))
+
+
+REUSED = re.compile(r"^reusing .*$", re.M)
+
+
+def reused_lines(executed: Path) -> list[str]:
+    """What the executed notebook printed about tables it reused (``reusing …``)."""
+    import nbformat
+
+    text = "".join(o.get("text", "") for c in nbformat.read(executed, 4).cells for o in c.get("outputs", [])
+                   if o.get("output_type") == "stream")
+    return REUSED.findall(text)
 
 
 def unpair(executed: Path) -> None:
@@ -212,13 +277,15 @@ def _keep_failed(tmp: Path, failed: Path) -> Path | None:
     return failed
 
 
-def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path) -> tuple[float, list[str]]:
+def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path,
+            pages: list[navigation.Page] | None = None) -> tuple[float, list[str]]:
     """Execute ``nb`` into ``out_dir/<stem>.ipynb`` and export it; returns the seconds taken
     and what the page would load from the network. On failure raises ``NotebookFailed``
     after keeping the executed notebook as ``<stem>.FAILED.ipynb``; the last good output
     stays as it was."""
     import papermill as pm
 
+    from rlprobe_nb.kernels import LocalKernelManager
     from rlprobe_nb.tables.storage import atomic_path
 
     start = time.perf_counter()
@@ -226,7 +293,8 @@ def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path) -> tuple[float
     with atomic_path(target) as tmp:
         try:
             pm.execute_notebook(str(nb), str(tmp), parameters=parameters, kernel_name="python3",
-                                cwd=str(paths.REPO_ROOT), progress_bar=False)
+                                cwd=str(paths.REPO_ROOT), progress_bar=False,
+                                kernel_manager_class=LocalKernelManager)
         except BaseException as err:  # Ctrl-C too: the partial notebook shows how far it got
             kept = _keep_failed(tmp, failed)
             if not isinstance(err, Exception):
@@ -235,7 +303,7 @@ def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path) -> tuple[float
         unpair(tmp)
     for stale in (failed, failed.with_suffix(".html")):  # an old failure would mislead now
         stale.unlink(missing_ok=True)
-    _, offline_problems = export_html(target)
+    _, offline_problems = export_html(target, pages)
     return time.perf_counter() - start, offline_problems
 
 
@@ -282,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--suite", default=None, help="suite name (default: $RLPROBE_SUITE or demo)")
     ap.add_argument("--only", nargs="*", help="notebook name prefixes to run, e.g. 01 03")
+    ap.add_argument("--checkpoint", nargs="*", metavar="NAME",
+                    help="only these checkpoints' runs of 03, e.g. rlvr_step_1200")
     ap.add_argument("--prepare", action="store_true", help="one-time set-up, then exit")
     ap.add_argument("--overwrite", action="store_true",
                     help="recompute tables computed from other inputs than the current ones "
@@ -296,9 +366,14 @@ def main(argv: list[str] | None = None) -> int:
         prepare()
         return 0
     P = params.load(args.suite)  # a bad params file fails here, before any model loads
+    try:
+        plan = runs(P, args.only, args.overwrite, args.checkpoint)
+    except params.ParamsError as err:
+        print(f"rlprobe_nb: {err}", file=sys.stderr)
+        return 2
     out_dir = paths.figures_dir(P.suite)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plan = runs(P, args.only, args.overwrite)
+    pages = navigation.book_pages(runs(P))  # every page, for the links between them
     total = time.perf_counter()
     print(f"rlprobe_nb: suite {P.suite!r}, {len(plan)} notebook runs")
     needs_network = {}
@@ -306,15 +381,20 @@ def main(argv: list[str] | None = None) -> int:
         extra = f" (checkpoint {parameters['checkpoint']})" if "checkpoint" in parameters else ""
         print(f"[{i}/{len(plan)}] {nb.name}{extra} ...", flush=True)
         try:
-            seconds, problems = run_one(nb, parameters, stem, out_dir)
+            seconds, problems = run_one(nb, parameters, stem, out_dir, pages)
         except NotebookFailed as failure:
             report_failure(failure, out_dir, stem)
+            write_index(P, pages)
             return 1
+        for line in reused_lines(out_dir / f"{stem}.ipynb"):
+            print(f"      {line}")
         print(f"      done in {seconds:.1f} s -> {out_dir / stem}.html", flush=True)
         if problems:
             needs_network[f"{out_dir / stem}.html"] = problems
+    index = write_index(P, pages)
     minutes = (time.perf_counter() - total) / 60
     print(f"\nThe book ran in {minutes:.1f} min.")
+    print(f"  start reading at: {index}")
     print(f"  executed notebooks and HTML: {out_dir}")
     print(f"  tables (parquet + manifest.json): {paths.data_dir(P.suite)}")
     for page, problems in needs_network.items():

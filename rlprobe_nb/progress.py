@@ -5,7 +5,10 @@ executed notebook cannot draw it without the widget manager's script from a CDN,
 offline the bar is an empty box. The book's own loops use ``tqdm`` from here instead:
 tqdm's plain-text bar everywhere, which in a kernel writes to stdout (stderr shows as an
 alarming red block in a notebook) and refreshes at most every ``KERNEL_MININTERVAL``
-seconds, since every refresh is kept in the notebook's output.
+seconds, since every refresh is kept in the notebook's output. Inside a kernel every bar
+also keeps its final line (``leave=True`` whatever the caller asked) and draws on the
+current line (``position=0``: a nested bar's cursor moves are not understood by a notebook
+and left the outer bar's first state behind): an exported page shows each bar's final state.
 
 The libraries' own bars are switched by ``quiet_library_progress()``, which importing
 this module runs once inside a kernel:
@@ -34,12 +37,15 @@ def in_kernel() -> bool:
 
 
 class tqdm(_text_tqdm):
-    """tqdm's plain-text bar; inside a kernel on stdout, redrawn at most every 2 s."""
+    """tqdm's plain-text bar; inside a kernel on stdout, redrawn at most every 2 s, and
+    left in place when it ends."""
 
     def __init__(self, *args, **kwargs):
         if in_kernel():
             kwargs.setdefault("file", sys.stdout)
             kwargs.setdefault("mininterval", KERNEL_MININTERVAL)
+            kwargs["leave"] = True
+            kwargs["position"] = 0
         super().__init__(*args, **kwargs)
 
 

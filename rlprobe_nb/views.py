@@ -2,8 +2,12 @@
 largest divergence in context, and a trace chart (a response coloured token by token is
 drawn by ``rlprobe_nb.render``).
 
-Everything renders in a static HTML export (no kernel, no CDN): charts go out as inline
-SVG through vl-convert.
+Charts (``show``) are interactive in JupyterLab and in the exported pages, offline: each is
+displayed as a Vega-Lite spec (JupyterLab draws it with its own built-in renderer, with
+tooltips and, where both axes are continuous, zoom and pan) beside a static SVG; the book's
+exporter embeds the spec in the page with the Vega scripts inlined once per page
+(``pages.charts``), the SVG showing until they run. The SVG and a PNG are also saved for
+papers.
 """
 
 from __future__ import annotations
@@ -93,14 +97,84 @@ def trace_chart(tokens: pd.DataFrame, rollout_id: str, metric: str = "kl_ref_ckp
                         ).properties(width=640, height=180)
 
 
-def show(chart, save_as: str | Path | None = None):
-    """Display a chart as inline SVG (works in a static HTML export); optionally save
-    ``save_as``.svg and .png beside it."""
-    import vl_convert as vlc
-    from IPython.display import SVG
+# JupyterLab's built-in renderer draws Vega-Lite 5 specs; altair 6 writes Vega-Lite 6, whose
+# specs the book's charts use only the common subset of, so the Lab copy is labelled v5.
+VEGALITE_MIMETYPE = "application/vnd.vegalite.v5+json"
+LAB_SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
+CONTINUOUS = {"quantitative", "temporal"}
+# Widest a chart may be: it fits a 1280-px window beside JupyterLab's collapsed side bar or a
+# page's margins (a wider one is cut off in a page and scrolls in JupyterLab).
+MAX_WIDTH = 1100
 
-    spec = chart.to_json()
-    svg = vlc.vegalite_to_svg(spec)
+
+def _continuous_axes(spec: dict) -> bool:
+    """True when every view of ``spec`` (a single or layered view) has continuous x and y."""
+    views = spec.get("layer", [spec])
+    if not views or any(k in spec for k in ("hconcat", "vconcat", "concat", "facet", "repeat")):
+        return False
+    for view in views:
+        if "layer" in view or "params" in view:
+            return False
+        enc = view.get("encoding", spec.get("encoding", {}))
+        if not all(enc.get(axis, {}).get("type") in CONTINUOUS for axis in ("x", "y")):
+            return False
+    return True
+
+
+def zoomable(chart):
+    """``chart`` with zoom and pan (altair's ``interactive()``) when its axes are continuous;
+    otherwise unchanged (binning or categories cannot be zoomed)."""
+    try:
+        if _continuous_axes(chart.to_dict()):
+            return chart.interactive()
+    except Exception:  # a chart altair cannot make interactive stays static, not broken
+        pass
+    return chart
+
+
+class ChartView:
+    """A chart for display: Vega-Lite (interactive in JupyterLab) beside its static SVG."""
+
+    def __init__(self, spec: dict, svg: str, title: str = ""):
+        self.spec, self.svg, self.title = spec, svg, title
+
+    @property
+    def data(self) -> str:
+        """The static SVG (as ``IPython.display.SVG(...).data``)."""
+        return self.svg
+
+    @property
+    def width(self) -> float:
+        """The chart's width in pixels, as drawn."""
+        import re
+
+        return float(re.search(r'<svg[^>]*\swidth="([\d.]+)"', self.svg).group(1))
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        # drawn as SVG (crisp, and its marks are elements a test can find), with no action that
+        # needs the network (the Vega editor)
+        embed = {"renderer": "svg", "actions": {"export": True, "source": True, "compiled": False, "editor": False}}
+        usermeta = {**self.spec.get("usermeta", {}), "embedOptions": embed}
+        lab = {**self.spec, "$schema": LAB_SCHEMA, "usermeta": usermeta}
+        return {VEGALITE_MIMETYPE: lab, "image/svg+xml": self.svg,
+                "text/plain": f"<chart{': ' + self.title if self.title else ''}>"}
+
+
+def _title(spec: dict) -> str:
+    title = spec.get("title", "")
+    if isinstance(title, dict):
+        title = title.get("text", "")
+    return " ".join(title) if isinstance(title, list) else str(title)
+
+
+def show(chart, save_as: str | Path | None = None) -> ChartView:
+    """Display a chart: interactive (tooltips; zoom where its axes are continuous) in
+    JupyterLab and in the book's exported pages, a static SVG elsewhere; optionally save
+    ``save_as``.svg and .png beside it (the static chart, for papers)."""
+    import vl_convert as vlc
+
+    spec_json = chart.to_json()
+    svg = vlc.vegalite_to_svg(spec_json)
     if save_as is not None:
         from rlprobe_nb.tables.storage import atomic_path
 
@@ -109,5 +183,6 @@ def show(chart, save_as: str | Path | None = None):
         with atomic_path(base.with_suffix(".svg")) as tmp:
             tmp.write_text(svg, encoding="utf-8")
         with atomic_path(base.with_suffix(".png")) as tmp:
-            tmp.write_bytes(vlc.vegalite_to_png(spec, scale=2))
-    return SVG(svg)
+            tmp.write_bytes(vlc.vegalite_to_png(spec_json, scale=2))
+    spec = zoomable(chart).to_dict()
+    return ChartView(spec, svg, _title(spec))

@@ -58,7 +58,9 @@ class LabServer:
 
 
 def isolated_env(home: Path) -> dict:
-    """The user's own Jupyter folders replaced by empty ones under ``home``."""
+    """The user's own Jupyter folders replaced by empty ones under ``home``; JupyterLab's
+    autosave off in them, so a test that runs a chapter in the browser leaves the
+    checkout's notebook unchanged (it saves through the contents API when it means to)."""
     folders = {"JUPYTER_CONFIG_DIR": "config", "JUPYTER_DATA_DIR": "data",
                "JUPYTER_RUNTIME_DIR": "runtime", "JUPYTERLAB_SETTINGS_DIR": "lab-user-settings",
                "JUPYTERLAB_WORKSPACES_DIR": "lab-workspaces", "IPYTHONDIR": "ipython"}
@@ -66,6 +68,9 @@ def isolated_env(home: Path) -> dict:
     for name, folder in folders.items():
         (home / folder).mkdir(parents=True, exist_ok=True)
         env[name] = str(home / folder)
+    docmanager = home / "lab-user-settings" / "@jupyterlab" / "docmanager-extension"
+    docmanager.mkdir(parents=True, exist_ok=True)
+    (docmanager / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
     return env
 
 

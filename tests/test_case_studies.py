@@ -106,7 +106,7 @@ def test_case_content_comes_from_the_tables(built, suite):
 class Numbers(HTMLParser):
     """Each number tagged with its source, and the page's other visible text."""
 
-    SKIP = {"style", "svg", "code", "pre"}
+    SKIP = {"style", "svg", "code", "pre", "script"}  # script: the page runtime, not text
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
@@ -207,8 +207,13 @@ def test_caption_and_topk_name_the_models_choices(built):
 
 
 def test_page_is_self_contained(built):
+    from rlprobe_nb.book import network_references
+    from rlprobe_nb.render.page_runtime import runtime_script
+
     page = built[2]
-    assert "<script" not in page.lower()
+    scripts = re.findall(r"<script>.*?</script>", page, re.S)
+    assert scripts and set(scripts) == {runtime_script()}, "no script but the inline page runtime"
+    assert network_references(page) == []
     assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", page), "nothing is fetched"
     assert "@import" not in page and "url(" not in page
 
@@ -246,8 +251,10 @@ def run_draft_notebook(name: str, tmp_path, monkeypatch) -> dict:
 def test_draft_notebook_06_on_synthetic_tables(tmp_path, monkeypatch):
     ns = run_draft_notebook("06_case_studies", tmp_path, monkeypatch)
     assert len(ns["cases"]) == len(ns["choices"]) >= 4
-    page = (tmp_path / "figures" / ns["P"].suite / "case_studies.html").read_text(encoding="utf-8")
-    assert page.count('class="rp-case"') == len(ns["cases"]) and "<script" not in page
+    assert not (tmp_path / "figures" / ns["P"].suite / "case_studies.html").exists(), \
+        "one case-study page: the chapter's own"
+    links = ns["viewer_links"].with_links(ns["choices"])._repr_html_()
+    assert links.count('class="rp-open"') == len(ns["choices"])
 
 
 def test_without_spikes_the_strongest_departures_stand_in_labelled_as_such(suite):

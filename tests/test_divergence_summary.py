@@ -349,6 +349,7 @@ def test_every_chart_renders(which, request, tmp_path):
     for name, chart in _all_charts(request.getfixturevalue(which)).items():
         shown = views.show(chart)
         assert shown.data.lstrip().startswith("<svg") and len(shown.data) > 5000, name
+        assert shown.width <= views.MAX_WIDTH, f"{name} is {shown.width:.0f} px wide: cut in a 1280-px window"
     views.show(chart, save_as=tmp_path / name)  # and the files beside it
     assert (tmp_path / f"{name}.svg").stat().st_size > 1000
     assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"

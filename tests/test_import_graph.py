@@ -4,8 +4,9 @@ stages, never later ones, and nothing outside ``demo/`` imports the demo suite's
 Layers, lowest first (every import of the package is read, at module level and inside
 functions alike, with ``ast``; nothing is imported to check):
 
-  base        progress, statistics, reporting, the package's ``__init__``: import no other
-              module of the package
+  base        progress, statistics, readable (how values read on a page), reporting
+              (estimates with their intervals), the package's ``__init__``: import
+              no other module of the package
   foundation  suite/, tables/: what a suite is and how results are kept; import each
               other and base only
   helpers     views (pandas displays every stage shows), distributed (worker processes for
@@ -14,7 +15,8 @@ functions alike, with ``ast``; nothing is imported to check):
               counterfactuals: each imports foundation, base, helpers and earlier stages;
               render and counterfactuals are siblings (chapters 06-07 and 08) and neither
               imports the other
-  book        runs the notebooks: may import anything but demo/
+  book        runs the notebooks (book), starts their kernels (kernels) and writes their
+              pages and the index (pages/): may import anything but demo/
   demo/       the demo suite's own code (its GRPO run, tiny stand-ins): may import anything,
               and only itself imports it
 """
@@ -29,9 +31,10 @@ import pytest
 from rlprobe_nb.suite import paths
 
 PACKAGE = "rlprobe_nb"
-BASE = {"progress", "statistics", "reporting", "(init)"}
+BASE = {"progress", "statistics", "readable", "reporting", "(init)"}
 FOUNDATION = {"suite", "tables"}
 HELPERS = {"views", "distributed"}
+RUNNER = {"book", "kernels", "pages"}
 STAGES = {"problems": 1, "generation": 2, "forcing": 3, "divergence": 4, "spikes": 5,
           "render": 6, "counterfactuals": 6}
 
@@ -81,7 +84,7 @@ def allowed(src: str, dst: str) -> bool:
     if src in STAGES:
         return dst in FOUNDATION | BASE | HELPERS or (
             dst in STAGES and STAGES[dst] < STAGES[src])
-    if src == "book":
+    if src in RUNNER:
         return True
     raise AssertionError(f"module group {src!r} has no place in the layers: add it to this test")
 
@@ -108,6 +111,7 @@ def test_imports_go_downward_only():
     ("render", "counterfactuals", False), ("tables", "problems", False),
     ("suite", "tables", True), ("distributed", "forcing", False),
     ("statistics", "tables", False), ("book", "demo", False), ("demo", "forcing", True),
+    ("pages", "render", True), ("render", "readable", True), ("readable", "render", False),
 ])
 def test_the_rules_say_what_the_docstring_says(src, dst, ok):
     assert allowed(src, dst) is ok

@@ -45,7 +45,7 @@ def test_a_chapter_py_opens_as_a_notebook(lab):
     assert model["type"] == "notebook"
     nb = model["content"]
     tagged = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
-    assert len(tagged) == 1 and "suite: str | None = None" in tagged[0]["source"]
+    assert len(tagged) == 1 and "suite: Optional[str] = None" in tagged[0]["source"]
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
     twin = lab.get(f"/api/contents/{CHAPTER[:-3]}.ipynb", content=1)["content"]
     assert [c["source"] for c in nb["cells"]] == [c["source"] for c in twin["cells"]], (
@@ -66,7 +66,7 @@ def test_jupytext_and_widget_extensions_are_installed(lab):
     page = lab.get("/lab")
     config = json.loads(re.search(r'id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S)[1])
     names = {ext["name"] for ext in config["federated_extensions"]}
-    assert {"jupyterlab-jupytext", "@jupyter-widgets/jupyterlab-manager"} <= names
+    assert {"jupyterlab-jupytext", "@jupyter-widgets/jupyterlab-manager", "anywidget"} <= names
 
 
 @pytest.fixture()

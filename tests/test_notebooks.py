@@ -112,8 +112,9 @@ def test_chapters_04_to_07_write_their_tables_and_pages(small_book):
     assert set(when.step) >= {0, 400, 1200}
     from test_book import offline_problems
 
-    page = (figures / "case_studies.html").read_text()
+    page = (figures / "06_case_studies.html").read_text()
     assert "rp-tok" in page and offline_problems(page) == []  # inline SVG's xmlns is no fetch
+    assert not (figures / "case_studies.html").exists(), "one case-study page: the chapter's"
     for chart in ("04_when", "05_calibration"):
         assert (figures / f"{chart}.svg").exists() and (figures / f"{chart}.png").exists()
 

@@ -13,6 +13,7 @@ import pytest
 from rlprobe_nb.render import colour_scale as cs
 from rlprobe_nb.render import spike_marks, synthetic, tokens_html
 from rlprobe_nb.render.metrics import METRICS, metric_values
+from rlprobe_nb.render.page_runtime import runtime_script
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +131,9 @@ def test_model_text_is_escaped():
     rows["char_start"], rows["char_end"] = starts, starts + [len(e) for e in evil]
     fragment = tokens_html.response_html(rows, cs.ColourScale("dlogp", 1.0), {i: "<i>" for i in range(100)})
     p = parse(fragment)
-    assert "script" not in p.tags and "b" not in p.tags and "i" not in p.tags
+    assert "b" not in p.tags and "i" not in p.tags
+    assert p.tags.count("script") == 1 and fragment.count(runtime_script()) == 1, "only the page runtime"
+    assert "alert(1)" not in fragment.replace(runtime_script(), "").replace("&lt;script&gt;alert(1)", "")
     assert [s["text"] for s in p.spans] == evil
     assert all("onmouseover" not in s for s in p.spans)
     assert '"<i>"' in p.spans[0]["data-tip"], "decoded alternatives are text too"
@@ -185,7 +188,10 @@ def test_spikes_outlined_with_class_q_and_onset(suite):
 def test_fragment_is_self_contained(suite):
     rows, response = one(suite)
     fragment = tokens_html.response_html(rows, cs.shared_scale(suite["tokens"]), synthetic.decode, response)
-    assert "<script" not in fragment and "http" not in fragment and "@import" not in fragment
+    from rlprobe_nb.book import network_references
+
+    assert fragment.count("<script") == 1 and fragment.count(runtime_script()) == 1, "only the inline runtime"
+    assert network_references(fragment) == [] and "http" not in fragment and "@import" not in fragment
     assert fragment.count("<style>") == 1 and "rp-legend" in fragment
 
 

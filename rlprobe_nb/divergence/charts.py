@@ -69,7 +69,8 @@ def when_chart(when: pd.DataFrame, per_problem: pd.DataFrame, group: str = "targ
         front = _estimate_with_interval(means, x, LABELS[m])
         panels.append(alt.layer(behind, front).properties(
             width=WIDTH, height=HEIGHT, title=SHORT[m].split(":")[0]))
-    top = alt.hconcat(*panels)
+    # two panels a row: four in one row (1,338 px) were cut off in a 1280-px window
+    top = alt.vconcat(*[alt.hconcat(*panels[i:i + 2]) for i in range(0, len(panels), 2)])
     if accuracy is None:
         return top.properties(
             title=f"Mean per token, group {group!r} (95% intervals over problems)")
@@ -172,7 +173,8 @@ def entropy_chart(deciles: pd.DataFrame, group: str = "target"):
     x = alt.X("entropy_decile:O", title="decile of the reference's entropy (0 = most certain)")
     panels = [_estimate_with_interval(data[data.metric == m], x, LABELS[m], colour).properties(
         width=WIDTH, height=HEIGHT) for m in ("kl_ref_ckpt", "kl_ckpt_ref", "entropy_change")]
-    return alt.hconcat(*panels).properties(title=f"By the reference's entropy, group {group!r}")
+    rows = [alt.hconcat(*panels[i:i + 2]) for i in range(0, len(panels), 2)]  # fits a 1280-px window
+    return alt.vconcat(*rows).properties(title=f"By the reference's entropy, group {group!r}")
 
 
 def concentration_chart(share: pd.DataFrame, group: str = "target",

@@ -1,6 +1,7 @@
 """Per-token divergence drawn inline: a colour scale shared by a whole suite, a response as
-coloured tokens with tooltips, small charts, and the case-study page. Everything renders to
-self-contained HTML (inline CSS and SVG, no script, no network)."""
+coloured tokens with tooltips, small charts, the case-study page and the live viewer.
+Everything renders to self-contained HTML (inline CSS and SVG, one small inline script that
+places tooltips, no network)."""
 
 from rlprobe_nb.render.colour_scale import (
            ColourScale,

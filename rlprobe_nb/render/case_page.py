@@ -8,7 +8,9 @@ the top-5 alternatives of both models at the case for every step.
 
 Every number from a table is wrapped in ``<span class="rp-num" data-src='{...}'>`` naming
 its table, row and column, so a test can read each one back and compare it with the table.
-The page is self-contained: inline CSS and SVG, no script, no network.
+Each case links to the live viewer at its rollout and token (``viewer_links``). The page is
+self-contained: inline CSS and SVG, the page runtime's inline script (tooltips that stay
+inside the window), no network.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pandas as pd
 from rlprobe_nb.render.charts import kl_trace_chart, svg
 from rlprobe_nb.render.colour_scale import ColourScale
 from rlprobe_nb.render.metrics import metric_values
+from rlprobe_nb.render.page_runtime import runtime_script
 from rlprobe_nb.render.spike_marks import field, spike_records
 from rlprobe_nb.render.tokens_html import (
     STYLE,
@@ -31,6 +34,7 @@ from rlprobe_nb.render.tokens_html import (
     prepare,
     show_token,
 )
+from rlprobe_nb.render.viewer_links import link as viewer_link
 
 if TYPE_CHECKING:
     from rlprobe_nb.render.case_studies import Case
@@ -75,7 +79,8 @@ def facts_html(case: Case) -> str:
     right = {True: " (right)", False: " (wrong)"}.get(None if case.ref_correct is None else bool(case.ref_correct), "")
     rows = [("problem", f"<pre>{_e(case.problem)}</pre>"), ("gold answer", f"<code>{_e(case.gold)}</code>"),
             ("reference's answer", f"<code>{_e(case.ref_answer)}</code>{right}; failure type: {_e(case.failure_type)}"),
-            ("rollout, token", f"{_e(case.rollout_id)}, position {_pos(case)}")]
+            ("rollout, token", f"{_e(case.rollout_id)}, position {_pos(case)} "
+                               f"({viewer_link(case.rollout_id, case.pos, checkpoint=case.checkpoint)})")]
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="rp-facts">{body}</table>'
 
@@ -194,7 +199,7 @@ def case_html(case: Case, scale: ColourScale, decode: Decoder | Mapping[int, str
     """One case as a self-contained HTML fragment."""
     decode = make_decoder(decode, case.final_rows)
     title = f"Case {case.number}: {_e(case.reason)}"
-    parts = [STYLE, f'<div class="rp-case"><h2>{title}</h2>', facts_html(case),
+    parts = [STYLE, runtime_script(), f'<div class="rp-case"><h2>{title}</h2>', facts_html(case),
              "<h3>Every model's own answers to this problem</h3>", answers_html(case),
              caption_html(case, decode),
              f"<h3>The response at the final checkpoint ({_e(case.checkpoint)})</h3>", scale.legend_html(),
@@ -214,5 +219,5 @@ def case_studies_page(cases: list[Case], scale: ColourScale, decode: Decoder | M
     """The whole page: every case, one shared colour scale, as one HTML document."""
     body = "".join(case_html(c, scale, decode, spikes) for c in cases)
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>{_e(title)}</title>{PAGE_STYLE}{STYLE}</head><body><h1>{_e(title)}</h1>"
+            f"<title>{_e(title)}</title>{PAGE_STYLE}{STYLE}{runtime_script()}</head><body><h1>{_e(title)}</h1>"
             f"<p>{_e(intro)}</p>{body}</body></html>")

@@ -4,12 +4,12 @@ Each response token is one ``<span class="rp-tok">`` holding exactly its text (t
 ``response[char_start:char_end]`` when the response is given, else the table's ``token``),
 so the spans' text concatenated is the response, whitespace and newlines included
 (``white-space: pre-wrap``). Its background is its value on a :class:`ColourScale`. Its
-tooltip is plain text in a ``data-tip`` attribute that CSS shows on hover through
-``::after { content: attr(data-tip) }``: no script, no network, no kernel, so a static HTML
-export looks and behaves the same, and the tooltip never enters the text. The tooltip is
-``position: fixed`` at its natural place below the token, so a scrolling ancestor (a
-notebook's output area, the viewer's response box) cannot clip it. Newline and empty
-tokens (EOS) get a visible marker the same way. Model text is data: every string is
+tooltip is plain text in a ``data-tip`` attribute, shown on hover by the page runtime
+(``page_runtime``: one box on the page's body, kept inside the viewport, so neither a
+scrolling ancestor nor JupyterLab's ``contain: strict`` panels can clip or misplace it;
+inline, no network, no kernel). Where scripts do not run, CSS shows the same text through
+``::after { content: attr(data-tip) }``. The tooltip never enters the text. Newline and
+empty tokens (EOS) get a visible marker the same way. Model text is data: every string is
 HTML-escaped.
 """
 
@@ -25,14 +25,16 @@ import pandas as pd
 
 from rlprobe_nb.render.colour_scale import ColourScale
 from rlprobe_nb.render.metrics import metric_values
+from rlprobe_nb.render.page_runtime import runtime_script
 from rlprobe_nb.render.spike_marks import spike_records
+from rlprobe_nb.readable import quoted
 
 STYLE = """<style>
 .rp-resp{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono",monospace;
  font-size:13px;line-height:1.75;white-space:pre-wrap;word-break:break-word;color:#000;
  border:1px solid #ccc;padding:6px 8px;background:#fff;text-align:left}
 .rp-tok{border-radius:2px}
-.rp-tok:hover::after{content:attr(data-tip);position:fixed;margin-top:1.7em;z-index:1000;
+html:not(.rp-js) .rp-tok:hover::after{content:attr(data-tip);position:fixed;margin-top:1.7em;z-index:1000;
  white-space:pre;background:#fffff4;color:#000;border:1px solid #777;padding:4px 6px;
  font-size:11.5px;line-height:1.35;box-shadow:2px 2px 6px rgba(0,0,0,.25);pointer-events:none}
 .rp-tok.rp-nl::before{content:"⏎";color:#888}
@@ -40,6 +42,7 @@ STYLE = """<style>
 .rp-tok.rp-spike{outline:2px solid #111;outline-offset:-1px}
 .rp-tok.rp-sel{box-shadow:0 0 0 3px #f5c400}
 .rp-tok.rp-dim{opacity:.3}
+.rp-tok.rp-hit{outline:2px dashed #00a0a0;outline-offset:1px}
 .rp-row{display:flex;gap:8px;align-items:baseline}
 .rp-row>.rp-label{font:12px sans-serif;min-width:7em;color:#333}
 </style>"""
@@ -65,8 +68,9 @@ def make_decoder(decode: Decoder | Mapping[int, str] | None, tokens: pd.DataFram
 
 
 def show_token(text: str) -> str:
-    """A token's text made visible on one line: quoted, newlines and tabs as escapes."""
-    return '"' + text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t") + '"'
+    """A token's text made visible on one line: quoted, its whitespace as marks (``"␣the"``,
+    ``"⏎"``), a backslash as itself (see ``visible``)."""
+    return quoted(text)
 
 
 class _Labels:
@@ -216,5 +220,5 @@ def response_html(rows: pd.DataFrame, scale: ColourScale, decode: Decoder | Mapp
     pieces = prepare(rows, make_decoder(decode, rows), response, spike_records(spikes, ckpts[0], rows), topk)
     body = paint(pieces, metric_values(rows, scale.metric), scale, q_threshold)
     box = f' style="max-height:{max_height};overflow-y:auto"' if max_height else ""
-    return ((STYLE if style else "") + (scale.legend_html() if legend else "")
+    return ((STYLE + runtime_script() if style else "") + (scale.legend_html() if legend else "")
             + f'<div class="rp-resp"{box}>{body}</div>')

@@ -1,20 +1,24 @@
 """The live viewer: a response's tokens coloured by a chosen metric, opened with one call.
 
-    from rlprobe_nb import viewer
+    from rlprobe_nb.render import viewer
     viewer.open_viewer(tokens, spikes, decode=tok.decode, responses=texts)
 
-Pick a group, a problem and one of its rollouts; a training step (a slider with play) or
-two checkpoints to compare; the metric; the scale (shared by the whole suite or fitted to
-this rollout, linear or symmetric-log, clipped at a quantile); the q-value at which spikes
-are outlined (spikes significant at their step whose q is at most it: a threshold above the
-spike chapter's own q adds none); a category to keep in view. Hovering a token shows its tooltip (CSS, so it
-also works in an exported page); selecting a token (its position, or "next spike") shows
-its series over steps and both models' top-k lists at every step.
+Pick a group and a problem (or all), then a rollout from a list ranked by how far the final
+checkpoint departs from the reference in it; a training step (a slider with play, or ← →
+with the response focused) or two checkpoints to compare; the metric; the scale (shared by
+the whole suite or fitted to this rollout, linear or symmetric-log, clipped at a quantile);
+the q-value at which spikes are outlined (spikes significant at their step whose q is at
+most it: a threshold above the spike chapter's own q adds none); a category to keep in
+view. Only the controls that apply are shown (compare's two checkpoints in compare mode,
+the spike controls where the suite has spikes). Hover a token for its numbers (a tooltip
+that stays inside the window); click one, type its position, or step through the spikes
+(n / p, "next spike") to see its series over steps and both models' top-k at every step;
+search the text to outline every token of a match.
 
-Recolouring is a join of pre-escaped pieces: each (checkpoint, rollout)'s token texts and
-tooltips are prepared once and cached, and a state change only recomputes colours. In a
-static HTML export, where no kernel runs the widgets, the viewer's output shows the static
-rendering of its current rollout instead (a ``text/html`` fallback in its display bundle).
+The response is drawn by :class:`token_pane.TokenPane` (an anywidget): a change of step
+sends only the new colours, about 8 bytes a token. In a static HTML export, where no kernel
+runs the widgets, the viewer's output shows the static rendering of its current rollout
+instead (a ``text/html`` fallback in its display bundle), tooltips included.
 """
 
 from __future__ import annotations
@@ -29,34 +33,45 @@ import pandas as pd
 from rlprobe_nb.render.charts import series_chart, svg
 from rlprobe_nb.render.colour_scale import ColourScale, fit_scale, shared_scale
 from rlprobe_nb.render.metrics import DEFAULT_METRIC, METRICS, metric_values
+from rlprobe_nb.render.page_runtime import runtime_script
+from rlprobe_nb.render.rollout_ranking import rank_rollouts, ranked_label
 from rlprobe_nb.render.spike_marks import spike_records
+from rlprobe_nb.render.token_pane import TokenPane, pack_layer
 from rlprobe_nb.render.tokens_html import (
     STYLE,
     Decoder,
     TokenPieces,
+    _Labels,
     make_decoder,
     paint,
     prepare,
     show_token,
+    tooltip_text,
 )
 
 ALL = "(all)"
 Q_CHOICES = [0.001, 0.01, 0.05, 0.1]
 
 
+def _shown(widget, on: bool) -> None:
+    widget.layout.display = None if on else "none"
+
+
 class Viewer:
     """The app's state and widgets. ``tokens``: every checkpoint against one reference,
     with ``step``; ``spikes``: the spikes table (optional); ``responses``: rollout_id ->
-    response text (optional: token texts are used otherwise)."""
+    response text (optional: token texts are used otherwise); ``rollout_id`` and ``token``:
+    where to open (a rollout, and a position in it to select)."""
 
     def __init__(self, tokens: pd.DataFrame, spikes: pd.DataFrame | None = None,
                  decode: Decoder | Mapping[int, str] | None = None, responses: Mapping[str, str] | None = None,
                  metric: str = DEFAULT_METRIC, quantile: float = 0.99, q: float = 0.05,
-                 rollout_id: str | None = None):
+                 rollout_id: str | None = None, token: int | None = None):
         self.tokens = tokens.reset_index(drop=True)
         self.spikes = spikes if spikes is not None else pd.DataFrame(
             columns=["checkpoint", "rollout_id", "pos", "q", "category"])
         self.decode = make_decoder(decode, self.tokens)
+        self._labels = _Labels(self.decode)
         self.responses = dict(responses or {})
         steps = self.tokens.groupby("checkpoint")["step"].first()
         self.steps = {str(k): int(v) for k, v in steps.items()}
@@ -64,11 +79,13 @@ class Viewer:
         self._rows = self.tokens.groupby(["checkpoint", "rollout_id"], sort=False).indices
         meta_cols = [c for c in ("rollout_id", "problem_id", "group", "failure_type") if c in self.tokens.columns]
         self.rollouts = self.tokens.drop_duplicates("rollout_id")[meta_cols].sort_values("rollout_id")
+        self._meta = self.rollouts.set_index("rollout_id")
         self._pieces: dict[tuple[str, str], TokenPieces] = {}
         self._scales: dict[tuple, ColourScale] = {}
+        self._rankings: dict[str, pd.DataFrame] = {}
         self._build_widgets(metric, quantile, q)
         if rollout_id is not None:
-            self._choose_rollout(rollout_id)  # recolours
+            self.open(rollout_id, token)
         else:
             self.refresh()
 
@@ -77,60 +94,87 @@ class Viewer:
         import ipywidgets as W
 
         groups = sorted(self.rollouts.group.unique()) if "group" in self.rollouts.columns else []
+        has_spikes = len(self.spikes) > 0
         cats = sorted(map(str, self.spikes.category.dropna().unique())) if "category" in self.spikes.columns else []
-        ck = [(f"step {self.steps[c]} · {c}", c) for c in self.checkpoints]
+        steps = [(str(self.steps[c]), c) for c in self.checkpoints]
+        named = [(f"step {self.steps[c]} · {c}", c) for c in self.checkpoints]
+        wide = {"description_width": "initial"}
         self.group = W.Dropdown(options=[ALL, *groups], description="group")
         self.problem = W.Dropdown(description="problem")
-        self.rollout = W.Dropdown(description="rollout")
-        self.mode = W.ToggleButtons(options=["step", "compare"], value="step", description="view")
-        self.step = W.SelectionSlider(options=ck, value=self.checkpoints[-1], description="checkpoint",
-                                      continuous_update=False, layout=W.Layout(width="420px"))
-        self.play = W.Play(min=0, max=len(ck) - 1, value=len(ck) - 1, interval=1200, description="play")
+        self.rollout = W.Dropdown(description="rollout", layout=W.Layout(width="34em"),
+                                  tooltip="ranked by the final checkpoint's largest |metric| in the response")
+        buttons = {"button_width": "auto"}  # side by side, not stacked, names not cut
+        self.mode = W.ToggleButtons(options=["step", "compare"], value="step", description="view", style=buttons,
+                                    layout=W.Layout(width="max-content"))
+        self.step = W.SelectionSlider(options=steps, value=self.checkpoints[-1], description="RL step",
+                                      continuous_update=False, layout=W.Layout(width="30em"))
+        self.play = W.Play(min=0, max=len(steps) - 1, value=len(steps) - 1, interval=1200, description="play")
         W.link((self.play, "value"), (self.step, "index"))
-        self.compare_a = W.Dropdown(options=ck, value=self.checkpoints[0], description="A")
-        self.compare_b = W.Dropdown(options=ck, value=self.checkpoints[-1], description="B")
+        self.compare_a = W.Dropdown(options=named, value=self.checkpoints[0], description="A")
+        self.compare_b = W.Dropdown(options=named, value=self.checkpoints[-1], description="B")
         self.metric = W.Dropdown(options=[(m.short, m.name) for m in METRICS.values()], value=metric,
                                  description="metric")
-        self.scale_kind = W.ToggleButtons(options=["shared", "per-rollout"], value="shared", description="scale")
-        self.transform = W.ToggleButtons(options=["linear", "log"], value="linear")
+        self.scale_kind = W.Dropdown(options=["shared", "per-rollout"], value="shared", description="scale",
+                                     layout=W.Layout(width="14em"))
+        self.transform = W.Dropdown(options=["linear", "log"], value="linear", layout=W.Layout(width="6em"))
         self.clip = W.FloatSlider(value=quantile, min=0.9, max=1.0, step=0.005, readout_format=".3f",
-                                  description="clip at q", continuous_update=False)
-        self.q = W.Dropdown(options=Q_CHOICES, value=q, description="spikes q ≤")
+                                  description="clip at quantile", continuous_update=False, style=wide)
+        self.q = W.Dropdown(options=Q_CHOICES, value=q, description="spikes q ≤", style=wide)
         self.category = W.Dropdown(options=[ALL, *cats], description="category")
-        self.next_spike = W.Button(description="next spike ▶")
+        self.next_spike = W.Button(description="next spike ▶", disabled=not has_spikes)
         self.token = W.BoundedIntText(value=-1, min=-1, max=10**7, description="token pos",
                                       tooltip="-1: none selected")
         self.info = W.HTML()
-        self.html = W.HTML()
-        self.details = W.HTML()
+        self.pane = TokenPane()
+        W.link((self.token, "value"), (self.pane, "selected"))
+        self._step_row = W.HBox([self.mode, self.play, self.step])
+        self._compare_row = W.HBox([self.compare_a, self.compare_b])
+        self._spike_row = W.HBox([self.q, self.category, self.next_spike, self.token])
         self.widget = W.VBox([
-            W.HBox([self.group, self.problem, self.rollout]), self.info,
-            W.HBox([self.mode, self.play, self.step]), W.HBox([self.compare_a, self.compare_b]),
-            W.HBox([self.metric, self.scale_kind, self.transform, self.clip]),
-            W.HBox([self.q, self.category, self.next_spike, self.token]), self.html, self.details])
+            W.HBox([self.group, self.problem, self.rollout]), self.info, self._step_row, self._compare_row,
+            W.HBox([self.metric, self.scale_kind, self.transform, self.clip]), self._spike_row, self.pane])
+        _shown(self.group, len(groups) > 1)
+        _shown(self.mode, len(self.checkpoints) > 1)
+        for w in (self.q, self.next_spike):
+            _shown(w, has_spikes)
+        _shown(self.category, has_spikes and bool(cats))
         self._holding = 0
         self._fill_problems()
         self.group.observe(lambda _: self._on_group(), "value")
         self.problem.observe(lambda _: self._on_problem(), "value")
         self.rollout.observe(lambda _: self._on_rollout(), "value")
-        for w in (self.mode, self.step, self.compare_a, self.compare_b, self.metric,
-                  self.scale_kind, self.transform, self.clip, self.q, self.category):
+        self.metric.observe(lambda _: self._on_metric(), "value")
+        for w in (self.mode, self.step, self.compare_a, self.compare_b, self.scale_kind, self.transform,
+                  self.clip, self.q, self.category):
             w.observe(lambda _: self.refresh(), "value")
-        self.token.observe(lambda _: self.refresh(), "value")
-        self.next_spike.on_click(lambda _: self.jump_to_next_spike())
+        self.pane.observe(lambda _: self._show_details(), "selected")
+        self.next_spike.on_click(lambda _: self.jump_to_spike(1))
+        self.pane.on_msg(self._on_pane_message)
+
+    def ranking(self) -> pd.DataFrame:
+        """Every rollout ranked by the final checkpoint's largest |metric| in it."""
+        m = self.metric.value
+        if m not in self._rankings:
+            self._rankings[m] = rank_rollouts(self.tokens, m, self.checkpoints[-1])
+        return self._rankings[m]
 
     def _fill_problems(self) -> None:
         r = self.rollouts if self.group.value == ALL else self.rollouts[self.rollouts.group == self.group.value]
-        self.problem.options = sorted(r.problem_id.unique())
+        problems = sorted(r.problem_id.unique())
+        self.problem.options = [ALL, *problems] if len(problems) > 1 else problems
         self.problem.value = self.problem.options[0] if self.problem.options else None
         self._fill_rollouts()
 
-    def _fill_rollouts(self) -> None:
-        r = self.rollouts[self.rollouts.problem_id == self.problem.value]
-        if self.group.value != ALL:
-            r = r[r.group == self.group.value]
-        self.rollout.options = list(r.rollout_id)
-        self.rollout.value = self.rollout.options[0] if self.rollout.options else None
+    def _fill_rollouts(self, keep: str | None = None) -> None:
+        ranked = self.ranking()
+        if self.problem.value not in (ALL, None):
+            ranked = ranked[ranked.problem_id == self.problem.value]
+        if self.group.value != ALL and "group" in self._meta.columns:
+            ranked = ranked[self._meta.group.reindex(ranked.rollout_id).to_numpy() == self.group.value]
+        options = [(ranked_label(r, self.metric.value), r.rollout_id) for r in ranked.itertuples()]
+        ids = [rid for _, rid in options]
+        self.rollout.options = options
+        self.rollout.value = keep if keep in ids else (ids[0] if ids else None)
 
     @contextlib.contextmanager
     def _hold(self):
@@ -154,12 +198,22 @@ class Viewer:
         with self._hold():
             self.token.value = -1  # a position means nothing in another response
 
-    def _choose_rollout(self, rollout_id: str) -> None:
-        meta = self.rollouts.set_index("rollout_id").loc[rollout_id]
+    def _on_metric(self) -> None:
+        with self._hold():
+            self._fill_rollouts(keep=self.rollout.value)
+
+    def open(self, rollout_id: str, token: int | None = None, checkpoint: str | None = None) -> None:
+        """Show ``rollout_id`` (every group and problem in the lists), select ``token``,
+        and move to ``checkpoint`` if given: what a link from another chapter asks for."""
+        if rollout_id not in self._meta.index:
+            raise ValueError(f"rollout {rollout_id!r} is not in the token tables")
         with self._hold():
             self.group.value = ALL
-            self.problem.value = meta.problem_id
+            self.problem.value = ALL if ALL in self.problem.options else self._meta.problem_id[rollout_id]
             self.rollout.value = rollout_id
+            if checkpoint in self.steps:
+                self.mode.value, self.step.value = "step", checkpoint
+            self.token.value = -1 if token is None else int(token)
 
     # -- state -> pictures ---------------------------------------------------------------
     def rows(self, checkpoint: str, rollout_id: str) -> pd.DataFrame:
@@ -190,53 +244,119 @@ class Viewer:
     def shown_checkpoints(self) -> list[str]:
         return [self.step.value] if self.mode.value == "step" else [self.compare_a.value, self.compare_b.value]
 
-    def response_fragment(self, checkpoint: str, scale: ColourScale) -> str:
-        rid = self.rollout.value
-        pieces = self.pieces(checkpoint, rid)
-        values = metric_values(self.rows(checkpoint, rid), scale.metric)
-        selected = self.token.value if self.token.value >= 0 else None
-        cat = None if self.category.value == ALL else self.category.value
-        body = paint(pieces, values, scale, float(self.q.value), cat, selected)
-        return f'<div class="rp-resp" style="max-height:28em;overflow-y:auto">{body}</div>'
+    def _label(self, checkpoint: str) -> str:
+        return f"step {self.steps[checkpoint]} · {checkpoint} vs the reference"
 
-    def render_html(self) -> str:
-        """The coloured response(s) for the current state, with the legend."""
-        scale = self.scale()
-        parts = [STYLE, scale.legend_html()]
-        for ck in self.shown_checkpoints():
-            label = f"step {self.steps[ck]} · {html.escape(ck)} vs the reference"
-            parts.append(f'<div style="font:12px sans-serif;margin-top:4px">{label}</div>')
-            parts.append(self.response_fragment(ck, scale))
-        return "".join(parts)
+    def _marks(self, pieces: TokenPieces) -> tuple[np.ndarray, np.ndarray]:
+        """Which tokens are outlined (spikes at the q threshold, in the category) and dimmed."""
+        outlined = pieces.spike_q <= float(self.q.value)
+        dim = np.zeros(len(pieces.pos), dtype=bool)
+        if self.category.value != ALL:
+            inside = pieces.category == self.category.value
+            outlined &= inside
+            dim = ~inside
+        return outlined, dim
+
+    def layer(self, checkpoint: str, scale: ColourScale) -> dict:
+        """One checkpoint's paint of the current rollout, packed for the pane."""
+        rid = self.rollout.value
+        values = metric_values(self.rows(checkpoint, rid), scale.metric)
+        outlined, dim = self._marks(self.pieces(checkpoint, rid))
+        return pack_layer(checkpoint, self._label(checkpoint), scale.colours(values), scale.text_colours(values),
+                          outlined, dim)
 
     def refresh(self) -> None:
-        """Recolour after any change of state (skipped while a cascade of changes runs)."""
+        """Repaint after any change of state (skipped while a cascade of changes runs)."""
+        self._shown_controls()
         if self._holding or self.rollout.value is None:
             return
-        meta = self.rollouts.set_index("rollout_id").loc[self.rollout.value]
-        n = len(self._rows[(self.checkpoints[-1], self.rollout.value)])
-        facts = [f"{html.escape(str(meta.get(c)))}" for c in ("group", "failure_type") if c in meta.index]
-        self.info.value = f"<small>{n} tokens · {' · '.join(facts)}</small>"
-        self.html.value = self.render_html()
-        self.details.value = self.details_html(self.token.value) if self.token.value >= 0 else ""
+        rid = self.rollout.value
+        meta = self._meta.loc[rid]
+        n = len(self._rows[(self.checkpoints[-1], rid)])
+        facts = [html.escape(str(meta.get(c))) for c in ("problem_id", "group", "failure_type") if c in meta.index]
+        note = "" if len(self.spikes) else " · no spikes table (chapter 05 writes it): nothing is outlined"
+        self.info.value = f"<small>{html.escape(rid)}: {n} tokens · {' · '.join(facts)}{note}</small>"
+        scale = self.scale()
+        texts = self.pieces(self.checkpoints[-1], rid).text
+        with self.pane.hold_sync():
+            if self.pane.rollout != rid:
+                self.pane.rollout, self.pane.texts = rid, list(texts)
+            self.pane.legend = scale.legend_html()
+            self.pane.layers = [self.layer(ck, scale) for ck in self.shown_checkpoints()]
+            self._show_details()
+
+    def _shown_controls(self) -> None:
+        step = self.mode.value == "step"
+        for w in (self.play, self.step):
+            _shown(w, step)
+        _shown(self._compare_row, not step)
 
     # -- selection -----------------------------------------------------------------------
     def spike_positions(self) -> np.ndarray:
         """Positions outlined in the current view (q and category filters), in order."""
         pieces = self.pieces(self.shown_checkpoints()[-1], self.rollout.value)
-        keep = pieces.spike_q <= float(self.q.value)
-        if self.category.value != ALL:
-            keep &= pieces.category == self.category.value
-        return pieces.pos[keep]
+        return pieces.pos[self._marks(pieces)[0]]
 
-    def jump_to_next_spike(self) -> int | None:
-        """Select the next outlined spike after the selected token (wrapping around)."""
+    def jump_to_spike(self, direction: int = 1) -> int | None:
+        """Select the next (1) or previous (-1) outlined spike from the selected token,
+        wrapping around; None when nothing is outlined."""
         found = self.spike_positions()
         if not len(found):
             return None
-        later = found[found > self.token.value]
-        self.token.value = int(later[0] if len(later) else found[0])
+        here = self.token.value
+        if direction > 0:
+            later = found[found > here]
+            self.token.value = int(later[0] if len(later) else found[0])
+        else:
+            earlier = found[(found < here) if here >= 0 else np.ones(len(found), bool)]
+            self.token.value = int(earlier[-1] if len(earlier) else found[-1])
         return self.token.value
+
+    def jump_to_next_spike(self) -> int | None:
+        return self.jump_to_spike(1)
+
+    def move_step(self, delta: int) -> None:
+        """One checkpoint later (1) or earlier (-1), within the ends."""
+        if self.mode.value == "step":
+            self.step.index = int(np.clip(self.step.index + delta, 0, len(self.checkpoints) - 1))
+        else:
+            i = self.checkpoints.index(self.compare_b.value)
+            self.compare_b.value = self.checkpoints[int(np.clip(i + delta, 0, len(self.checkpoints) - 1))]
+
+    def tooltip(self, checkpoint: str, pos: int) -> str:
+        """The tooltip text of token ``pos`` of the current rollout at ``checkpoint``."""
+        rid = self.rollout.value
+        rows = self.rows(checkpoint, rid)
+        row = rows[rows.pos == pos]
+        if row.empty:
+            return f"no token at position {pos}"
+        pieces = self.pieces(checkpoint, rid)
+        j = int(np.flatnonzero(pieces.pos == pos)[0])
+        spike = spike_records(self.spikes, checkpoint, row).get(int(pos))
+        return tooltip_text(next(row.itertuples(index=False)), pieces.text[j], self._labels, spike,
+                            pieces.category[j])
+
+    def _on_pane_message(self, _widget, content, _buffers) -> None:
+        kind = content.get("type")
+        if kind == "tip":
+            layers = self.pane.layers
+            li = int(content.get("layer", 0))
+            if 0 <= li < len(layers):
+                key, pos = layers[li]["key"], int(content["pos"])
+                self.pane.send({"type": "tip", "rollout": self.pane.rollout, "key": key, "pos": pos,
+                                "text": self.tooltip(key, pos)})
+        elif kind == "step":
+            self.move_step(int(content.get("delta", 1)))
+        elif kind == "spike":
+            self.jump_to_spike(int(content.get("delta", 1)))
+        elif kind == "open" and content.get("rollout") in self._meta.index:
+            self.open(content["rollout"], content.get("pos"), content.get("checkpoint"))
+
+    def _show_details(self) -> None:
+        pos = self.token.value
+        if self._holding:
+            return
+        self.pane.details = self.details_html(pos) if pos >= 0 and self.rollout.value is not None else ""
 
     def series(self, pos: int) -> pd.DataFrame:
         """One token of the current rollout at every checkpoint, in step order."""
@@ -252,7 +372,7 @@ class Viewer:
             return f"<p>no token at position {pos}</p>"
         text = html.escape(show_token(rows.token.iloc[0]))
         chart = svg(series_chart(rows[["step", "value"]], self.metric.value,
-                                 title=f"position {pos}: {rows.token.iloc[0]!r} over RL steps"))
+                                 title=f"position {pos}: {show_token(rows.token.iloc[0])} over RL steps"))
         fmt = lambda ids, ps: "  ".join(f"{show_token(self.decode(int(i)))} {p:.3f}" for i, p in zip(ids, ps))
         ref = rows.iloc[-1]
         lines = [f"<tr><td>reference</td><td></td><td><code>{html.escape(fmt(ref.topk_ids_ref, ref.topk_p_ref))}</code></td></tr>"]
@@ -261,15 +381,37 @@ class Viewer:
                          f"<td><code>{html.escape(fmt(r.topk_ids_ckpt, r.topk_p_ckpt))}</code></td></tr>")
         table = ("<table style='font-size:12px'><tr><th></th><th>" + html.escape(METRICS[self.metric.value].short)
                  + "</th><th>top-k (token p)</th></tr>" + "".join(lines) + "</table>")
-        return f"<div><b>token {pos}: <code>{text}</code></b><div style='display:flex;gap:16px'>{chart}{table}</div></div>"
+        return (f"<div class='rp-token-details' data-pos='{int(pos)}'><b>token {pos}: <code>{text}</code></b>"
+                f"<div style='display:flex;gap:16px;flex-wrap:wrap'>{chart}{table}</div></div>")
 
-    # -- display -------------------------------------------------------------------------
+    # -- static renderings ---------------------------------------------------------------
+    def response_fragment(self, checkpoint: str, scale: ColourScale) -> str:
+        rid = self.rollout.value
+        pieces = self.pieces(checkpoint, rid)
+        values = metric_values(self.rows(checkpoint, rid), scale.metric)
+        selected = self.token.value if self.token.value >= 0 else None
+        cat = None if self.category.value == ALL else self.category.value
+        body = paint(pieces, values, scale, float(self.q.value), cat, selected)
+        return (f'<div class="rp-resp" data-checkpoint="{html.escape(checkpoint)}" data-rollout="{html.escape(rid)}"'
+                f' style="max-height:28em;overflow-y:auto">{body}</div>')
+
+    def render_html(self) -> str:
+        """The coloured response(s) for the current state, with the legend (static HTML)."""
+        scale = self.scale()
+        parts = [STYLE, runtime_script(), scale.legend_html()]
+        for ck in self.shown_checkpoints():
+            parts.append(f'<div style="font:12px sans-serif;margin-top:4px">{html.escape(self._label(ck))}</div>')
+            parts.append(self.response_fragment(ck, scale))
+        return "".join(parts)
+
     def static_html(self, checkpoints: list[str] | None = None) -> str:
         """What a page without a kernel shows: the current rollout coloured at the current
-        step (or at the two ``checkpoints``, one above the other), tooltips included."""
-        head = html.escape(f"rollout {self.rollout.value} (problem {self.problem.value})")
+        step (or at the two ``checkpoints``, one above the other), tooltips included, and
+        the selected token's details."""
+        head = html.escape(f"rollout {self.rollout.value} (problem {self._meta.problem_id[self.rollout.value]})")
+        details = self.details_html(self.token.value) if self.token.value >= 0 else ""
         if checkpoints is None:
-            return f"<div><div style='font:13px sans-serif'>{head}</div>{self.render_html()}</div>"
+            return f"<div><div style='font:13px sans-serif'>{head}</div>{self.render_html()}{details}</div>"
         mode, a, b = self.mode.value, self.compare_a.value, self.compare_b.value
         try:
             with self._hold():  # borrow the compare view, then put the controls back
@@ -302,6 +444,6 @@ def default_rollout(tokens: pd.DataFrame, spikes: pd.DataFrame | None = None) ->
 def open_viewer(tokens: pd.DataFrame, spikes: pd.DataFrame | None = None,
                 decode: Decoder | Mapping[int, str] | None = None, responses: Mapping[str, str] | None = None,
                 **options) -> Viewer:
-    """Build the viewer (options: metric, quantile, q, rollout_id); the notebook displays
-    it as the cell's value."""
+    """Build the viewer (options: metric, quantile, q, rollout_id, token); the notebook
+    displays it as the cell's value."""
     return Viewer(tokens, spikes, decode, responses, **options)

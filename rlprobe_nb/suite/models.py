@@ -169,6 +169,20 @@ def _finish_tokenizer(tok):
     return tok
 
 
+# peft reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a model;
+# the warning is about peft's code, not ours or the reader's, and would show in every page
+# that loads a checkpoint. Only that one warning is silenced, only around that call.
+PEFT_DEPRECATION = r"`is_gradient_checkpointing` is deprecated"
+
+
+def _peft_from_pretrained(peft_model_class, base, source: str, **kw):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PEFT_DEPRECATION, category=FutureWarning)
+        return peft_model_class.from_pretrained(base, source, **kw)
+
+
 def _from_pretrained(source: str, dtype, device: str, **kw):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -209,11 +223,11 @@ def _load(name: str, P: Params, device: str, dtype) -> tuple[Any, Any, dict]:
             if not weights.exists():
                 raise ModelLoadError(f"model {name!r}: no adapter_model.safetensors in {source}")
             prov.update(path=str(source), adapter_sha256=sha256_file(weights))
-            peft_model = PeftModel.from_pretrained(base, str(source))
+            peft_model = _peft_from_pretrained(PeftModel, base, str(source))
         else:
             commit = _hub_commit(spec["id"], spec.get("revision"))
             prov.update(id=spec["id"], revision=spec.get("revision"), commit=commit)
-            peft_model = PeftModel.from_pretrained(base, spec["id"], revision=commit)
+            peft_model = _peft_from_pretrained(PeftModel, base, spec["id"], revision=commit)
         model = peft_model.merge_and_unload().to(device).eval()
         prov["base"] = base_prov
     else:  # params validation makes this unreachable

@@ -161,13 +161,23 @@ def pixel_change(context, png_a: bytes, png_b: bytes) -> float:
 
 
 def tooltip_visible(page, locator) -> bool:
-    """Hover ``locator`` and compare the pixels just below it with those before: a tooltip
-    that shows (and is not clipped by a scrolling ancestor) changes them."""
+    """Hover ``locator``: the page runtime's tooltip box shows, fully inside the window, and
+    the pixels where it is change (it is drawn, not clipped by a scrolling ancestor)."""
     locator.scroll_into_view_if_needed()
+    page.wait_for_timeout(250)  # scrolling hides a tooltip: let its events pass first
     page.mouse.move(0, 0)
     box = locator.bounding_box()
-    below = {"x": box["x"], "y": box["y"] + box["height"] + 6, "width": 160, "height": 48}
-    before = page.screenshot(clip=below)
-    locator.hover()
-    after = page.screenshot(clip=below)
-    return pixel_change(page.context, before, after) > 8
+    page.mouse.move(box["x"] + min(4, box["width"] / 2), box["y"] + box["height"] / 2)
+    rect = page.evaluate("""() => { const b = document.querySelector('.rp-tipbox');
+        if (!b || b.style.display === 'none') return null;
+        const r = b.getBoundingClientRect();
+        return {x: r.left, y: r.top, width: r.width, height: r.height,
+                inside: r.left >= 0 && r.top >= 0 && r.right <= innerWidth && r.bottom <= innerHeight}; }""")
+    if not rect or not rect["inside"]:
+        return False
+    clip = {k: rect[k] for k in ("x", "y", "width", "height")}
+    shown = page.screenshot(clip=clip)
+    page.mouse.move(0, 0)  # the tooltip goes: the same place without it
+    gone = page.screenshot(clip=clip)
+    page.mouse.move(box["x"] + min(4, box["width"] / 2), box["y"] + box["height"] / 2)
+    return pixel_change(page.context, gone, shown) > 8

@@ -9,6 +9,7 @@ from browser_harness import headless_chromium, pixel_spread, tooltip_visible
 from nbclient import NotebookClient
 
 from rlprobe_nb import book
+from rlprobe_nb.kernels import LocalKernelManager
 
 pytestmark = pytest.mark.browser
 
@@ -24,7 +25,7 @@ CELLS = [
 def exported(tmp_path_factory):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    NotebookClient(nb, timeout=300, kernel_name="python3", kernel_manager_class=LocalKernelManager).execute()
     assert "widgets" in nb.metadata, "the kernel's widget state is stored, as papermill stores it"
     path = tmp_path_factory.mktemp("nb") / "viewer.ipynb"
     nbformat.write(nb, path)
@@ -43,7 +44,8 @@ def test_exported_viewer_shows_the_coloured_response(exported, tmp_path):
         assert len(set(spans)) > 5, "coloured by value"
         token = page.locator(".jp-OutputArea-output .rp-tok").nth(3)
         assert tooltip_visible(page, token), "the tooltip shows, unclipped by the output area"
-        assert "top-5" in token.evaluate("el => getComputedStyle(el, '::after').content")
+        assert page.text_content(".rp-tipbox") == token.get_attribute("data-tip")
+        assert "top-5" in page.text_content(".rp-tipbox")
         spread = pixel_spread(context, page.screenshot(full_page=True))
     guard.assert_nothing_left()
     assert spread["std"] > 10

@@ -1,0 +1,137 @@
+"""Each chapter's headline numbers for the index page, read from the suite's tables.
+
+Every number is wrapped in ``<span class="rp-num" data-src='{...}'>``: the table (a folder
+under ``data/<suite>/``), the rows (``where``: column -> value), the column and the
+aggregate (count, nunique, mean, max, value), so a test can recompute it from the table and
+compare. Numbers are formatted by ``readable.number``. A chapter whose tables are not
+written yet says so instead; 06 (cases read from 05's tables) and the appendix have none
+of their own.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+
+import pandas as pd
+
+from rlprobe_nb.readable import number
+from rlprobe_nb.tables import storage
+
+NO_TABLES = "<i>its tables are not written yet</i>"
+
+
+class Tables:
+    """The suite's tables, read once each (only the columns asked for)."""
+
+    def __init__(self, data_dir):
+        self.data_dir, self._cache = data_dir, {}
+
+    def __call__(self, name: str, columns: list[str] | None = None) -> pd.DataFrame:
+        key = (name, tuple(columns or ()))
+        if key not in self._cache:
+            self._cache[key] = storage.read_table(self.data_dir / name, columns=columns)
+        return self._cache[key]
+
+
+def tagged(value, table: str, agg: str, column: str | None = None, where: dict | None = None) -> str:
+    src = {"table": table, "agg": agg, "column": column, "where": where or {}}
+    tag = html.escape(json.dumps(src, default=str), quote=True)
+    return f'<span class="rp-num" data-src="{tag}">{html.escape(number(value))}</span>'
+
+
+def _where(df: pd.DataFrame, where: dict) -> pd.DataFrame:
+    for col, value in where.items():
+        df = df[df[col] == value]
+    return df
+
+
+def _selection(t: Tables) -> list[str]:
+    sel = t("selection", ["problem_id", "group"])
+    parts = [f"{tagged(len(sel), 'selection', 'count')} problems"]
+    for group in sorted(sel.group.unique()):
+        n = int((sel.group == group).sum())
+        parts.append(f"{tagged(n, 'selection', 'count', where={'group': group})} {html.escape(str(group))}")
+    return [parts[0] + ": " + ", ".join(parts[1:]) + "."]
+
+
+def _rollouts(t: Tables) -> list[str]:
+    r = t("rollouts", ["rollout_id", "correct"])
+    wrong = int((r.correct == False).sum())  # noqa: E712 (a missing grade is not wrong)
+    return [f"{tagged(len(r), 'rollouts', 'count')} rollouts of the reference, "
+            f"{tagged(wrong, 'rollouts', 'count', where={'correct': False})} of them wrong."]
+
+
+def _forcing(t: Tables, checkpoint: str, reference: str) -> list[str]:
+    name = f"tokens/{checkpoint}__vs__{reference}"
+    rows = t(name, ["rollout_id", "kl_ref_ckpt"])
+    return [f"{tagged(len(rows), name, 'count')} token rows over "
+            f"{tagged(rows.rollout_id.nunique(), name, 'nunique', 'rollout_id')} rollouts; mean KL(ref‖ckpt) "
+            f"{tagged(rows.kl_ref_ckpt.astype(float).mean(), name, 'mean', 'kl_ref_ckpt')} nats per token."]
+
+
+def _divergence(t: Tables) -> list[str]:
+    when = t("divergence_when")
+    group = "target" if (when.group == "target").any() else when.group.iloc[0]
+    rows = when[(when.group == group) & (when.metric == "kl_ref_ckpt")]
+    last = rows[rows.step == rows.step.max()].iloc[0]
+    where = {"group": group, "metric": "kl_ref_ckpt", "step": int(last.step)}
+    value = lambda col: tagged(float(last[col]), "divergence_when", "value", col, where)  # noqa: E731
+    interval = (f" [{value('low')}, {value('high')}] (95%, over problems)"
+                if pd.notna(last.low) and pd.notna(last.high) else " (no interval: too few problems)")
+    return [f"mean KL(ref‖ckpt) per token at step {tagged(int(last.step), 'divergence_when', 'value', 'step', where)}, "
+            f"group {html.escape(str(group))}: {value('estimate')} nats{interval}."]
+
+
+def _spikes(t: Tables) -> list[str]:
+    sp = t("spikes", ["step", "context_id", "significant"])
+    every = sp[sp.significant.astype(bool)]
+    if every.empty:
+        return [f"{tagged(0, 'spikes', 'nunique', 'context_id', {'significant': True})} contexts reached "
+                "significance at any step."]
+    last = int(sp.step.max())
+    final = every[every.step == last].context_id.nunique()
+    return [f"{tagged(every.context_id.nunique(), 'spikes', 'nunique', 'context_id', {'significant': True})} "
+            f"contexts are spikes at one step or more, "
+            f"{tagged(final, 'spikes', 'nunique', 'context_id', {'significant': True, 'step': last})} "
+            f"at the last step ({tagged(last, 'spikes', 'max', 'step')})."]
+
+
+def _viewer(t: Tables, checkpoints: list[str], reference: str) -> list[str]:
+    name = f"tokens/{checkpoints[-1]}__vs__{reference}"
+    rows = t(name, ["rollout_id", "kl_ref_ckpt"])
+    return [f"{tagged(rows.rollout_id.nunique(), name, 'nunique', 'rollout_id')} rollouts "
+            f"({tagged(len(rows), name, 'count')} tokens) at each of the suite's {len(checkpoints)} checkpoints."]
+
+
+def _branches(t: Tables) -> list[str]:
+    b = t("branches", ["kind", "arm", "pass_rate"])
+    out = []
+    for kind in [k for k in ("spike", "departure", "control") if (b.kind == k).any()]:
+        arms = []
+        for arm in ("keep", "substitute"):
+            rows = b[(b.kind == kind) & (b.arm == arm)]
+            if len(rows):
+                arms.append(f"{arm} {tagged(rows.pass_rate.astype(float).mean(), 'branches', 'mean', 'pass_rate', {'kind': kind, 'arm': arm})}")
+        out.append(f"{html.escape(kind)}s: mean pass rate " + " vs ".join(arms) + ".")
+    return out
+
+
+def headlines(P, pages, data_dir) -> dict[str, list[str]]:
+    """Page stem -> its headline sentences (see the module doc)."""
+    t = Tables(data_dir)
+    out: dict[str, list[str]] = {}
+    for page in pages:
+        chapter = page.chapter
+        jobs = {"01": lambda: _selection(t), "02": lambda: _rollouts(t), "04": lambda: _divergence(t),
+                "05": lambda: _spikes(t), "07": lambda: _viewer(t, P.checkpoints, P.reference),
+                "08": lambda: _branches(t)}
+        if chapter == "03" and page.detail:
+            jobs["03"] = lambda: _forcing(t, page.detail.split()[-1], P.reference)
+        if chapter not in jobs:
+            continue
+        try:
+            out[page.stem] = jobs[chapter]()
+        except Exception:  # a table not written (or not readable) yet: say so, never guess
+            out[page.stem] = [NO_TABLES]
+    return out

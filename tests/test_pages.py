@@ -1,0 +1,189 @@
+"""The book as a reader meets it (issue 26, acceptance 3 and 4), on the small book's run:
+a quiet log, pages that hide their code (by tags) and show no Python warnings, progress
+bars at their final state, an index whose numbers are the tables', and every page linked
+to its neighbours. Also the page parts on their own: the index's number tags, the chapter
+parameters that papermill documents, the --checkpoint option."""
+
+import json
+import re
+from html.parser import HTMLParser
+
+import nbformat
+import pytest
+
+from rlprobe_nb import book
+from rlprobe_nb.pages import navigation
+from rlprobe_nb.readable import number
+from rlprobe_nb.suite import params, paths
+from rlprobe_nb.tables import storage
+
+# What `make demo` must not print (issue 26): ipykernel's TCP warning, library warnings.
+NOISE = ["Kernel is running over TCP without encryption", "FutureWarning", "DeprecationWarning",
+         "is_gradient_checkpointing", "UserWarning"]
+slow = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+
+class Links(HTMLParser):
+    """Every <a>'s attributes, in page order."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.links = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self.links.append(dict(attrs))
+
+
+def links(page: str) -> list[dict]:
+    found = Links()
+    found.feed(page)
+    return found.links
+
+
+class Numbers(HTMLParser):
+    """Every tagged number of a page: (its source, its text)."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.numbers, self._open = [], None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "rp-num" in (attrs.get("class") or ""):
+            self._open = [json.loads(attrs["data-src"]), ""]
+
+    def handle_data(self, data):
+        if self._open is not None:
+            self._open[1] += data
+
+    def handle_endtag(self, tag):
+        if self._open is not None and tag == "span":
+            self.numbers.append(tuple(self._open))
+            self._open = None
+
+
+def recomputed(src: dict, data_dir):
+    """A headline number from its table, computed here independently of ``headlines``."""
+    df = storage.read_table(data_dir / src["table"])
+    for col, value in src["where"].items():
+        df = df[df[col].astype(object) == value]
+    col = src["column"]
+    return {"count": lambda: len(df), "nunique": lambda: df[col].nunique(),
+            "mean": lambda: df[col].astype(float).mean(), "max": lambda: df[col].max(),
+            "value": lambda: df[col].iloc[0]}[src["agg"]]()
+
+
+def book_pages(book_run, monkeypatch):
+    for name in ("RLPROBE_OUT", "RLPROBE_PARAMS"):
+        monkeypatch.setenv(name, book_run["env"][name])
+    return navigation.book_pages(book.runs(params.load("demo")))
+
+
+@pytest.mark.parametrize("noise", NOISE)
+@pytest.mark.slow
+def test_the_books_log_is_quiet(small_book, noise):
+    assert noise not in small_book["log"], small_book["log"][-3000:]
+
+
+@pytest.mark.slow
+def test_pages_hide_their_code_show_no_warnings_and_final_progress(small_book, monkeypatch):
+    figures = small_book["figures"]
+    for page in book_pages(small_book, monkeypatch):
+        html = (figures / f"{page.stem}.html").read_text(encoding="utf-8")
+        cells = re.findall(r'<div[^>]*class="jp-Cell jp-CodeCell[^"]*"', html)
+        assert cells and all("celltag_hide-input" in c or "celltag_show-input" in c for c in cells), page.stem
+        assert 'id="rp-show-code"' in html, "the show-code switch"
+        nb = nbformat.read(figures / f"{page.stem}.ipynb", 4)
+        streams = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "stream"]
+        errs = [o["text"] for o in streams if o["name"] == "stderr"]
+        assert not any(w in t for t in errs for w in NOISE), (page.stem, errs)
+        assert not [w for w in NOISE if w in html], page.stem
+        # a progress bar's last state in the page is its final one (100%), never 0%
+        bars = re.findall(r"[\w ]+:\s+(\d+)%\|", re.sub(r"<[^>]+>", "", html))
+        assert all(b == "100" for b in bars), (page.stem, bars)
+
+
+@pytest.mark.slow
+def test_the_index_lists_every_chapter_with_the_tables_numbers(small_book, monkeypatch):
+    pages = book_pages(small_book, monkeypatch)
+    index = (small_book["figures"] / "index.html").read_text(encoding="utf-8")
+    chapters = re.findall(r'<section class="rp-chapter" data-chapter="([^"]+)"', index)
+    assert chapters == list(dict.fromkeys(p.chapter for p in pages)), "every chapter, in order"
+    for page in pages:
+        assert f'href="{page.stem}.html"' in index, f"{page.stem} linked"
+    found = Numbers()
+    found.feed(index)
+    tables = {src["table"].split("/")[0] for src, _ in found.numbers}
+    assert {"selection", "rollouts", "tokens", "divergence_when", "spikes", "branches"} <= tables
+    for src, text in found.numbers:
+        assert text == number(recomputed(src, small_book["data"])), (src, text)
+    assert "NaN" not in index and "nan" not in re.sub(r"<[^>]+>", "", index).split()
+
+
+@pytest.mark.slow
+def test_every_page_links_to_its_neighbours(small_book, monkeypatch):
+    pages = book_pages(small_book, monkeypatch)
+    stems = [navigation.INDEX] + [p.stem for p in pages] + [navigation.INDEX]
+    for i, page in enumerate(pages, 1):
+        found = links((small_book["figures"] / f"{page.stem}.html").read_text(encoding="utf-8"))
+        rels = [(a.get("rel"), a.get("href")) for a in found if a.get("rel")]
+        assert rels.count(("prev", f"{stems[i - 1]}.html")) == 2, (page.stem, rels)  # top and bottom bars
+        assert rels.count(("next", f"{stems[i + 1]}.html")) == 2, (page.stem, rels)
+    index = links((small_book["figures"] / "index.html").read_text(encoding="utf-8"))
+    assert {"rel": "next", "href": f"{pages[0].stem}.html"} in index
+
+
+@pytest.mark.slow
+def test_links_from_05_and_06_point_at_the_viewers_page_which_holds_them(small_book):
+    figures = small_book["figures"]
+    viewer = (figures / "07_viewer.html").read_text(encoding="utf-8")
+    for chapter in ("05_spikes", "06_case_studies"):
+        found = [a for a in links((figures / f"{chapter}.html").read_text(encoding="utf-8"))
+                 if "rp-open" in (a.get("class") or "")]
+        assert found, chapter
+        for a in found:
+            page, _, frag = a["href"].partition("#")
+            assert page == "07_viewer.html" and frag.startswith("open="), a
+            if chapter == "06_case_studies":  # 05's departures (no table) land on the page's note
+                assert f'id="{frag}"' in viewer, frag
+    assert 'id="rp-target-missing"' in viewer
+
+
+def test_the_index_page_tags_every_number_and_says_what_is_missing(tmp_path):
+    pages = [navigation.Page("01_a", "01", "01 · A: first?"), navigation.Page("03_b__x", "03", "03 · B: per x?", "checkpoint x"),
+             navigation.Page("03_b__y", "03", "03 · B: per x?", "checkpoint y")]
+    (tmp_path / "01_a.html").write_text("page")
+    html = navigation.index_html("demo", pages, tmp_path, {"01_a": ['<span class="rp-num" data-src="{}">3</span> problems.']})
+    assert html.count('<section class="rp-chapter"') == 2, "one section per chapter, its runs inside"
+    assert '<a href="01_a.html">01 · A: first?</a>' in html and "checkpoint x <i>(not run yet)</i>" in html
+    assert "3</span> problems." in html
+    assert navigation.neighbours(pages, "03_b__x") == (pages[0], pages[2])
+    assert navigation.neighbours(pages, "01_a")[0] is None, "the first page's previous is the index"
+
+
+CHAPTERS = sorted(p for p in paths.notebooks_dir().glob("0*.ipynb"))
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
+def test_papermill_documents_every_chapter_parameter(notebook):
+    import papermill as pm
+
+    found = pm.inspect_notebook(str(notebook))
+    cell = next(c for c in nbformat.read(notebook, 4).cells if "parameters" in c.metadata.get("tags", []))
+    declared = [line.split(":")[0] for line in cell.source.splitlines() if line.strip()]
+    assert list(found) == declared, "every declared parameter listed (papermill cannot read `X | None`)"
+    for name, p in found.items():
+        assert p["inferred_type_name"] not in ("None", ""), f"{name}: no type"
+        assert p["help"].strip(), f"{name}: no help"
+
+
+def test_the_checkpoint_option_keeps_only_those_runs_of_03(monkeypatch, capsys):
+    monkeypatch.delenv("RLPROBE_SUITE", raising=False)
+    P = params.load("demo")
+    plan = book.runs(P, ["03"], checkpoints=["rlvr_step_1200"])
+    assert [(nb.stem, p["checkpoint"], stem) for nb, p, stem in plan] == [
+        ("03_teacher_forcing", "rlvr_step_1200", "03_teacher_forcing__rlvr_step_1200")]
+    assert book.main(["--only", "03", "--checkpoint", "rlvr_step_1300"]) == 2
+    said = capsys.readouterr().err
+    assert "rlvr_step_1300" in said and "rlvr_step_1200" in said, "names the valid checkpoints"
