@@ -16,23 +16,30 @@
 # %% [markdown]
 # # 05 · Spikes: at which tokens, and when, does a checkpoint break from the reference?
 #
-# A *spike* is a response token at which a checkpoint departs from the reference far
-# more than comparable tokens do. Every checkpoint differs from the reference a little
-# everywhere, and more where the reference itself was unsure, so "far more" needs a null:
-# a description of how large the departure is at a token *for no RL-specific reason*.
-# We test every distinct context of the forced text against that null, control the false
-# discovery rate with Benjamini–Hochberg, ignore changes too small to matter, say which
-# way each spike goes relative to the token the reference wrote, and follow every spike
-# across the training steps.
+# A *spike* is a context at which a checkpoint departs from the reference far more than
+# it would have for no reason that has to do with the reward. Every checkpoint differs
+# from the reference a little everywhere, and more where the reference itself was unsure,
+# so "far more" needs a null: a description of how large the departure is at a context
+# *without* the reward's information. We test every distinct context of the forced text
+# against that null, control the false discovery rate with Benjamini–Hochberg, ignore
+# changes too small to matter, say which way each spike goes relative to the token the
+# reference wrote, measure how large a change the test can find in this suite's own
+# tables, and follow every spike, and every kind of token, across the training steps.
 
 # %%
 from typing import Optional
+
+from IPython.display import Markdown
 
 from rlprobe_nb import views
 from rlprobe_nb.spikes import (
                                   across_steps,
                                   charts,
                                   detect,
+                                  external,
+                                  narrative,
+                                  onsets,
+                                  plants,
                                   simulate,
                                   spike_rates,
                                   summary,
@@ -47,89 +54,152 @@ suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPR
 q: float = 0.05  # false discovery rate of the test (Benjamini-Hochberg, per checkpoint)
 min_effect: float = 0.1  # smallest divergence that can be a spike, nats
 divergence: str = "jeffreys"  # the divergence tested: jeffreys (KL both ways summed), kl_ref_ckpt, kl_ckpt_ref or js
+group: str = "target"  # the group whose tokens the onsets by label read: target, ref_right or control
 n_top: int = 12  # rows of the tables of strongest spikes and departures
+plants_per_size: int = 10  # plants of each size in a checkpoint's table, per run of the plant check
+plant_runs: int = 2  # runs of the plant check per checkpoint (each with its own plants)
+seed: int = 0  # of the cross-fitting folds, the plants, the bootstrap and the calibration splits
 
 # %%
 params.check_notebook_parameters(globals())
 P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 TOKENS = TOKENS[TOKENS.reference == P.reference].reset_index(drop=True)
+PLACEBO, NULLS, NULL_USED = external.suite_nulls(P, list(TOKENS.checkpoint.unique()))
 VOCAB = models.vocabulary(P.reference, P)
 figures = paths.figures_dir(P.suite)
 print(f"suite {P.suite!r}: {TOKENS.checkpoint.nunique()} checkpoints vs {P.reference!r}, "
-      f"{len(TOKENS)} rows; BH at q = {q}, spikes of at least {min_effect} nats ({divergence})")
+      f"{len(TOKENS)} rows, {TOKENS.problem_id.nunique()} problems; BH at q = {q}, spikes of "
+      f"at least {min_effect} nats ({divergence}); {len(P.placebos)} placebo checkpoints")
 
 # %% [markdown]
-# ## The test at one token
+# ## Which null
 #
-# Two things are measured at every context and combined into one test:
+# **The external null** is used wherever the suite has a placebo checkpoint at the same
+# step: the same training, with the reward permuted within each batch, so it carries no
+# information about correctness. Both were forced over the same contexts. A context is a
+# spike when the checkpoint's departure there lies far beyond the placebo's departures at
+# comparable contexts: a robust location and scale of the departure, given how sure the
+# reference was there and of the written token, is fitted on the placebo; one statistic,
+# T = the larger of the standardised divergence and the standardised change of the
+# written token's log-odds (either way), is computed for both; the context's p-value is the
+# placebo's share of contexts with a larger T, continued beyond the placebo's 95th
+# percentile by an exponential tail. Assumed: without the reward's information the
+# checkpoint would depart like the placebo (the runs differ only in their reward), and
+# the null's far tail is no heavier than exponential.
 #
-# - **how far the distribution moved**: by default the symmetric KL(ref‖ckpt) +
-#   KL(ckpt‖ref), where KL(ref‖ckpt) is how surprised the checkpoint is by what the
-#   reference would write and KL(ckpt‖ref) how surprised the reference is by what the
-#   checkpoint would write;
-# - **how far the written token's log-odds moved** under the checkpoint, in either
-#   direction.
-#
-# The null for each is a robust regression on what makes tokens differ for no RL reason:
-# the reference's own uncertainty there (log entropy, the gap between its top two
-# probabilities, how concentrated its top-k is, and for the written token its reference
-# log-probability), fitted per checkpoint (which absorbs the checkpoint's overall drift).
-# Its assumptions: a smooth location and scale in those covariates; a common shape of
-# the standardised value, read empirically in the bulk and continued by an exponential
-# tail (which covers a power-law tail of the divergence); spikes rare enough not to
-# move a redescending fit; and every token tested against a null fitted on *other
-# problems* only (cross-fitting by problem), so no token calibrates itself. A context
-# shared by several rollouts (their common prefix) is one test.
+# **The internal null** is the fallback where no placebo exists: the same model fitted on
+# the checkpoint's *own* departures at other problems' contexts (cross-fitting by problem),
+# one calibration of T. It assumes spikes are rare: where training changed the checkpoint
+# everywhere, its null is as wide as those changes, and it finds only what lies beyond
+# them. What each checkpoint was tested against:
 
 # %%
-tests = detect(TOKENS, q=q, min_effect=min_effect, divergence=divergence)
-summary(tests)
+Markdown(narrative.say_nulls(NULL_USED))
+
+# %%
+NULL_USED
 
 # %% [markdown]
-# How much power the test has depends on how many contexts were forced: BH at level q
-# over m tests needs the smallest p-value below q / m before anything is called, and a
-# null read from the data cannot give p-values far below one over the number of
-# contexts it was fitted on. The smallest p-value of each checkpoint against that bar:
+# ## The spikes per checkpoint
 
 # %%
-power = tests.groupby("checkpoint", sort=False).agg(
-    step=("step", "first"), tests=("n_tests", "first"), smallest_p=("p", "min"),
-    smallest_q=("q", "min"), spikes=("significant", "sum")).sort_values("step")
-power["bar (q / m)"] = q / power.tests
-print(f"{int((power.spikes > 0).sum())} of {len(power)} checkpoints have a spike; the smallest "
-      f"p-value over all is {power.smallest_p.min():.2g} against a bar of "
-      f"{power['bar (q / m)'].min():.2g}.")
-power
+tests = detect(TOKENS, q=q, min_effect=min_effect, divergence=divergence, seed=seed, nulls=NULLS)
+SUMMARY = summary(tests)
+SUMMARY
 
 # %% [markdown]
-# The same rate in the contrast groups: the reference's wrong rollouts of the selected
-# problems (`target`), its right rollouts of the same problems (`ref_right`) and the
-# rollouts of the control problems (`control`). A spike rate that is no higher in the
-# target group than in the contrasts is a change to the reference's text in general, not
-# to its wrong reasoning. Intervals: bootstrap over problems.
+# ## What "no spike" means here: plants in this suite's own tables
+#
+# At a few contexts of each checkpoint's own table (never a first response token, never
+# a context shared by rollouts, never two within a few tokens), the checkpoint's
+# probability of the written token is set to q(x)·e^d, q(x) the reference's, the other
+# tokens rescaled together, and every metric of the row recomputed exactly from the row.
+# Each planted table is tested as the checkpoint is, with the same null. Recall is the
+# share of plants called spikes that reject the written token; "other per run" counts the
+# spike contexts elsewhere in a planted table.
 
 # %%
-spike_rates(tests, by="group")
+CHECK = plants.plant_check(TOKENS, NULLS, sizes=(-1.0, -3.0), n=plants_per_size,
+                           runs=plant_runs, seed=seed, q=q, min_effect=min_effect,
+                           divergence=divergence)
+CHECK
+
+# %%
+Markdown(narrative.say_power(CHECK, tests, q))
+
+# %% [markdown]
+# The same plants ranked against the checkpoint's real contexts: the share of real
+# contexts whose p-value is larger than the plant's (1: every plant ranks above every real
+# context). A high share with a low recall means the test orders departures right but
+# the null's tail, read from this suite's data, is too wide for BH to reach them.
+
+# %%
+plants.plant_ranks(TOKENS, NULLS, sizes=(-3.0,), n=plants_per_size, seed=seed,
+                   divergence=divergence)
 
 # %% [markdown]
 # ## Is the test calibrated here?
 #
-# If the null is right, p-values of contexts without a spike are uniform: a flat
-# histogram, a QQ line on the diagonal, with real spikes only in the lower-left bin and
-# the upper-right of the QQ plot. Beside the real data, the same detector on a null table
-# of the same size and typical drift (simulated distributions, nothing planted): what
-# calibration looks like when nothing is there.
+# If a null is right, p-values of contexts without a spike are uniform: a flat histogram,
+# a QQ line on the diagonal. Two checks beside the data: a real table tested against
+# itself (its problems split at random into two halves, each half the external null of
+# the other, ten splits: nothing differs but the problems, so its p-values should be
+# uniform; the placebo's own table where the suite has one), and the detector on a
+# simulated null table of the same size and typical drift (nothing planted).
 
 # %%
-target = TOKENS[TOKENS.checkpoint == P.target]
+target = TOKENS[TOKENS.checkpoint == TOKENS.checkpoint.iloc[-1]]
+halves_of = NULLS.get(target.checkpoint.iloc[0], target)
 null_tests = detect(simulate.null_like(target), q=q, min_effect=0.0, divergence=divergence)
-pvalues = charts.pvalues_by_label(**{f"{P.target} (real)": tests[tests.checkpoint == P.target],
-                                     "simulated null": null_tests})
+pvalues = charts.pvalues_by_label(**{
+    f"{target.checkpoint.iloc[0]} (real)": tests[tests.checkpoint == target.checkpoint.iloc[0]],
+    "simulated null": null_tests,
+    **external.halves_by_label(halves_of, seed=seed, divergence=divergence)})
 views.show(charts.calibration_chart(pvalues), save_as=figures / "05_calibration")
 
 # %%
-summary(null_tests)
+charts.calibration_table(pvalues)
+
+# %% [markdown]
+# The share of spikes among the distinct contexts of each contrast group: the reference's
+# wrong rollouts of the selected problems (`target`), its right rollouts of the same
+# problems (`ref_right`) and the rollouts of the control problems (`control`). A rate no
+# higher in the target group than in the contrasts is a change to the reference's text
+# in general, not to its wrong reasoning. Intervals: bootstrap over problems.
+
+# %%
+spike_rates(tests, by="group")[["checkpoint", "step", "group", "contexts", "problems", "spikes",
+                                "spike rate"]]
+
+# %% [markdown]
+# ## When each kind of token changes
+#
+# Single contexts need a large change to be spikes; a whole kind of token pools every
+# token of its kind. For each ground-truth label of the written arithmetic
+# (`result_first_wrong`: the first wrong character of a wrong result; `result_correct`,
+# `format`, ...) and each token category of chapter 04, the mean departure of the written
+# tokens at each step, with a 95% interval over problems. The departure is Δlogp (nats),
+# or, where the suite has a placebo at the step, Δlogp minus the placebo's Δlogp at the
+# same token. The onset: the first step whose interval excludes 0 and whose sign every
+# later step keeps. Under the accuracy curve:
+
+# %%
+LABELS = onsets.labels(TOKENS)
+DEPARTURES = onsets.departures(TOKENS, PLACEBO if len(PLACEBO) else None)
+BY_LABEL = onsets.departure_table(DEPARTURES, LABELS, group=group, seed=seed)
+ONSETS = onsets.onsets(BY_LABEL)
+accuracy = suite_tables.accuracy_table(P)
+accuracy = accuracy[accuracy.model.isin([P.reference, *P.checkpoints])].rename(
+    columns={"rate": "accuracy"})
+views.show(charts.onset_chart(BY_LABEL, ONSETS, accuracy), save_as=figures / "05_label_onsets")
+
+# %%
+SEPARATION = onsets.accuracy_separation(accuracy.rename(columns={"accuracy": "rate"}), P.reference)
+Markdown(narrative.say_onsets(ONSETS, SEPARATION, onsets.against_text(DEPARTURES)))
+
+# %%
+ONSETS
 
 # %% [markdown]
 # ## The spikes table
@@ -142,41 +212,34 @@ summary(null_tests)
 
 # %%
 spikes, spans = table.spikes_table(TOKENS, tests, vocab=VOCAB)
-SETTINGS = {"q": q, "min_effect": min_effect, "divergence": divergence}
-manifest = provenance.manifest(P, extra={**SETTINGS, "tests": len(tests)})
-lineage.write_derived(P, "spikes", table.to_schema(spikes, suite=P.suite), schemas.SPIKES,
-                           manifest, SETTINGS, "notebooks/05_spikes")
-lineage.write_derived(P, "spike_regions", table.to_schema(spans, "spike_regions"),
-                           schemas.SPIKE_REGIONS, manifest, SETTINGS, "notebooks/05_spikes")
-spikes.groupby(["step", "persistence"]).context_id.nunique().unstack(fill_value=0)
+SETTINGS = {"q": q, "min_effect": min_effect, "divergence": divergence, "seed": seed}
+PLACEBO_SHAS = lineage.token_shas(P, suite_tables.placebo_pairs(P)) if P.placebos else {}
+manifest = provenance.manifest(P, extra={**SETTINGS, "tests": len(tests),
+                                         "nulls": NULL_USED.to_dict("records")})
+for name, frame, schema in (("spikes", table.to_schema(spikes, suite=P.suite), schemas.SPIKES),
+                            ("spike_regions", table.to_schema(spans, "spike_regions"),
+                             schemas.SPIKE_REGIONS)):
+    lineage.write_derived(P, name, frame, schema, manifest, SETTINGS, "notebooks/05_spikes",
+                          inputs=PLACEBO_SHAS)
+table.persistence_counts(spikes)
 
 # %% [markdown]
-# ## Where the spikes sit
+# ## Where the spikes sit, and when they appear
 #
 # Each dot is a spike at one step: its position in the response, its size the
 # divergence, its colour what it does to the written token (rejects, endorses, or
-# redistributes probability among other tokens).
+# redistributes probability among other tokens). Below, the strongest persistent spikes
+# ordered by onset (colour: Δlogp at each step; a dot where it is a spike), and how many
+# persistent spikes begin at each step, under the accuracy curve.
 
 # %%
 views.show(charts.raster_chart(spikes), save_as=figures / "05_raster")
 
-# %% [markdown]
-# ## When they appear
-#
-# The strongest persistent spikes, ordered by onset, each labelled by its token in
-# context; colour is dlogp = logp_ckpt − logp_ref at each step (red: the checkpoint takes
-# probability from the written token), a dot where it is a spike.
-
 # %%
 views.show(charts.onset_heatmap(spikes, n=40), save_as=figures / "05_onsets")
 
-# %% [markdown]
-# How many persistent spikes begin at each step, by token category (chapter 04's
-# classifier; uncategorised where it has not run).
-
 # %%
 per_step = across_steps.new_persistent_per_step(spikes)
-accuracy = suite_tables.accuracy_table(P).rename(columns={"rate": "accuracy"})
 views.show(charts.new_persistent_chart(per_step, accuracy=accuracy),
            save_as=figures / "05_new_persistent")
 
@@ -190,19 +253,25 @@ views.show(charts.new_persistent_chart(per_step, accuracy=accuracy),
 # links to the viewer (chapter 07) at its token.
 
 # %%
-viewer_links.with_links(table.top_spikes(spikes, n=n_top))
+TOP = table.top_spikes(spikes, n=n_top)
+Markdown(narrative.say_spikes(SUMMARY, len(TOP), n_top))
+
+# %%
+viewer_links.with_links(TOP) if len(TOP) else table.shown(TOP, "no spike at the last checkpoint")
 
 # %% [markdown]
 # What the detector ranks highest at the last checkpoint, spike or not: the contexts with
-# the smallest p-values, with the q-value that says how far each is from significance.
-# Where nothing is significant these are the candidates a larger suite would test with
-# more power; chapter 06 then shows the strongest departures, labelled as such.
+# the smallest p-values among departures of at least the spikes' minimum effect, with the
+# q-value that says how far each is from significance. Where nothing is significant these
+# are the candidates a larger suite would test with more power; chapter 06 then shows the
+# strongest departures, labelled as such.
 
 # %%
-viewer_links.with_links(table.strongest_departures(tests, n=n_top))
+viewer_links.with_links(table.strongest_departures(tests, n=n_top, min_effect=min_effect))
 
 # %% [markdown]
 # Adjacent spikes merged into regions of text, for the case studies of chapter 06.
 
 # %%
-spans.sort_values("max_divergence", ascending=False).head(n_top)
+table.shown(spans.sort_values("max_divergence", ascending=False).head(n_top),
+            "no spike, so no region of spikes")

@@ -75,11 +75,11 @@ def runs(P: params.Params, only: list[str] | None = None,
     gets ``suite`` only if it declares it (the appendix is about the demo suite alone), and
     ``overwrite=True`` (recompute tables whose inputs changed) if asked and declared;
     ``checkpoints`` keeps only those runs of the per-checkpoint chapter (03)."""
-    unknown = sorted(set(checkpoints or []) - set(P.checkpoints))
+    unknown = sorted(set(checkpoints or []) - set(P.forced))
     if unknown:
         raise params.ParamsError(f"unknown checkpoint(s) {unknown} for suite {P.suite!r}; "
-                                 f"valid: {list(P.checkpoints)}")
-    wanted = [c for c in P.checkpoints if not checkpoints or c in checkpoints]
+                                 f"valid: {list(P.forced)}")
+    wanted = [c for c in P.forced if not checkpoints or c in checkpoints]
     out = []
     for nb in notebooks():
         if only and not any(nb.stem.startswith(o) for o in only):
@@ -88,7 +88,7 @@ def runs(P: params.Params, only: list[str] | None = None,
         base = {"suite": P.suite} if "suite" in declared else {}
         if overwrite and "overwrite" in declared:
             base["overwrite"] = True
-        if nb.stem == PER_CHECKPOINT:
+        if nb.stem == PER_CHECKPOINT:  # the RLVR run, then the placebo run (05's null)
             for i, ckpt in enumerate(wanted):
                 spread = i == 0 and "checkpoints" in declared and len(wanted) > 1 \
                     and distributed.processes() > 1

@@ -47,3 +47,49 @@ def test_every_chart_renders_to_svg(spikes):
         svg = vlc.vegalite_to_svg(chart.to_json())
         assert svg.startswith("<svg")
         assert "<script" not in svg and 'href="http' not in svg  # nothing fetched
+
+
+def _png_size(chart) -> tuple[int, int]:
+    import struct
+
+    import vl_convert as vlc
+
+    png = vlc.vegalite_to_png(chart.to_json())
+    return struct.unpack(">II", png[16:24])
+
+
+ACCURACY = pd.DataFrame({"model": ["dpo", "a", "b", "c"], "step": [0, 100, 200, 1200],
+                         "accuracy": [0.0, 0.02, 0.3, 0.4], "low": [0.0, 0.01, 0.25, 0.35],
+                         "high": [0.013, 0.05, 0.35, 0.45]})
+
+
+def test_no_persistent_spike_gives_a_sentence_on_a_sane_axis():
+    """An empty table once gave the accuracy curve an x domain of [0, 1] with steps up to
+    1200 drawn outside it: a PNG 96,000 px wide."""
+    per_step = across_steps.new_persistent_per_step(
+        pd.DataFrame(columns=["step", "context_id", "persistence", "onset_step", "category"]))
+    width, height = _png_size(charts.new_persistent_chart(per_step, ACCURACY))
+    assert width < 1500 and height < 1000
+
+
+def test_the_onset_chart_renders_under_the_accuracy_curve():
+    from rlprobe_nb.spikes import onsets
+
+    rows = []
+    for label, effect in (("result_first_wrong", -1.0), ("format", 0.0), ("rare", -1.0)):
+        for step in (100, 200, 1200):
+            n = 2 if label == "rare" else 9
+            rows.append({"scheme": "ground_truth", "category": label, "step": step,
+                         "against": "reference", "estimate": effect * step / 1200 - 0.01,
+                         "low": effect * step / 1200 - 0.2, "high": effect * step / 1200 + 0.1,
+                         "problems": n, "rows": 40})
+    table = pd.DataFrame(rows)
+    found = onsets.onsets(table)
+    assert found.set_index("category").onset_step["result_first_wrong"] == 200
+    chart = charts.onset_chart(table, found, ACCURACY)
+    spec = chart.to_dict()
+    assert "rare" not in str(spec["vconcat"][1])  # too few problems: in the table, not the chart
+    width, height = _png_size(chart)
+    assert width < 1500 and height < 1500
+    empty = charts.onset_chart(table.iloc[0:0], found.iloc[0:0], ACCURACY)
+    assert "no label" in str(empty.to_dict())

@@ -113,3 +113,16 @@ def test_no_spike_at_any_step_gives_empty_tables_and_charts(three_steps, tmp_pat
         assert re.search(r"no (persistent )?spike", views.show(chart).data)
     strongest = table.strongest_departures(none, n=5)
     assert len(strongest) == 5 and strongest.p.is_monotonic_increasing
+
+
+def test_strongest_departures_leave_out_departures_below_the_minimum_effect(three_steps):
+    """A near-certain token whose log-odds moved while its probability barely did (a "."
+    at Δlogp -0.006) once ranked among the strongest departures."""
+    _, tests, _, _ = three_steps
+    last = tests[tests.step == tests.step.max()]
+    tiny = last.index[last.divergence < 0.1][:3]
+    boosted = tests.copy()
+    boosted.loc[tiny, "p"] = 1e-12  # the smallest p-values of all, on tiny departures
+    strongest = table.strongest_departures(boosted, n=10, min_effect=0.1)
+    assert (strongest.divergence >= 0.1).all()
+    assert not strongest.p.eq(1e-12).any()

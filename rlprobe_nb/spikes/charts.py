@@ -25,11 +25,29 @@ def nothing_to_show(title: str, message: str = "no spike reached significance at
         fontSize=13, color="#555").encode(text="text:N").properties(width=480, height=60)
 
 
-def pvalues_by_label(**tests: pd.DataFrame) -> pd.DataFrame:
-    """One p-value per tested context (columns label, p) from ``detect`` outputs given as
-    label=tests (labels with spaces: pass a dict with **)."""
-    return pd.concat([t.drop_duplicates(["checkpoint", "context_id"])[["p"]].assign(label=label)
-                      for label, t in tests.items()], ignore_index=True)
+def pvalues_by_label(**tests) -> pd.DataFrame:
+    """One p-value per tested context (columns label, p) from ``detect`` outputs (or
+    arrays of p-values) given as label=tests (labels with spaces: pass a dict with **)."""
+    frames = []
+    for label, t in tests.items():
+        p = (t.drop_duplicates(["checkpoint", "context_id"]).p.to_numpy()
+             if isinstance(t, pd.DataFrame) else np.asarray(t, dtype=np.float64))
+        frames.append(pd.DataFrame({"p": p, "label": label}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def calibration_table(pvalues: pd.DataFrame, levels=(0.001, 0.01, 0.05)) -> pd.DataFrame:
+    """Per label: how many p-values, and the share at or below each level (a calibrated
+    test of contexts without spikes puts the level's own share there)."""
+    from rlprobe_nb import reporting
+
+    rows = []
+    for label, g in pvalues.groupby("label", sort=False):
+        row = {"label": label, "p-values": len(g)}
+        for level in levels:
+            row[f"share ≤ {level:g}"] = reporting.fmt(float((g.p <= level).mean()), 2)
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def calibration_frames(pvalues: pd.DataFrame, bins: int = 20,
@@ -154,28 +172,92 @@ def onset_heatmap(spikes: pd.DataFrame, n: int = 40):
                                      height=max(120, 14 * len(order)))
 
 
+def _step_axis(*frames: pd.DataFrame) -> list[int]:
+    """Every step any of the frames holds (the reference's 0 included where given), for a
+    shared ordinal axis: no chart gets a domain its data lie outside."""
+    steps = set()
+    for f in frames:
+        if f is not None and "step" in f and len(f):
+            steps |= {int(v) for v in pd.to_numeric(f.step, errors="coerce").dropna()}
+    return sorted(steps)
+
+
+def accuracy_line(accuracy: pd.DataFrame, steps: list[int], width: int = 480):
+    """The accuracy curve (columns step, accuracy, optionally low and high) on an ordinal
+    step axis shared with the chart below it."""
+    import altair as alt
+
+    x = alt.X("step:O", title="RL step", scale=alt.Scale(domain=steps))
+    line = alt.Chart(accuracy, title="accuracy").mark_line(point=True, clip=True).encode(
+        x=x, y=alt.Y("accuracy:Q", title="accuracy"),
+        tooltip=[c for c in ("model", "step", "accuracy", "low", "high") if c in accuracy])
+    if {"low", "high"} <= set(accuracy.columns):
+        line = alt.Chart(accuracy).mark_area(opacity=0.2, clip=True).encode(
+            x=x, y="low:Q", y2="high:Q") + line
+    return line.properties(width=width, height=140)
+
+
 def new_persistent_chart(per_step: pd.DataFrame, accuracy: pd.DataFrame | None = None,
                          by: str = "category"):
     """Bars: new persistent spikes per step (``across_steps.new_persistent_per_step``),
     stacked by ``by``; above them, when given, the accuracy curve (columns step,
-    accuracy and optionally low, high) on the same step axis."""
+    accuracy and optionally low, high) on the same step axis. With no persistent spike
+    the bars are replaced by a sentence (never an empty or degenerate axis)."""
     import altair as alt
 
-    steps = [float(per_step.step.max())] if len(per_step) else []
-    if accuracy is not None and len(accuracy):  # the axis is shared: every curve's steps fit
-        steps.append(float(accuracy.step.max()))
-    last = max(steps, default=0.0)
-    x = alt.X("step:Q", title="RL step", scale=alt.Scale(domain=[0, last or 1.0]))
-    colour = alt.Color(f"{by}:N", title=by) if by in per_step else alt.value("#555")
-    bars = alt.Chart(per_step, title="new persistent spikes per step").mark_bar(size=14).encode(
-        x=x, y=alt.Y("new_persistent:Q", title="new persistent spikes (contexts)"),
-        color=colour, tooltip=list(per_step.columns)).properties(width=480, height=180)
+    steps = _step_axis(per_step, accuracy)
+    width = max(240, 60 * len(steps))
     if per_step.empty:
         bars = nothing_to_show("new persistent spikes per step", "no persistent spike at any step")
-    if accuracy is None:
+    else:
+        colour = alt.Color(f"{by}:N", title=by) if by in per_step else alt.value("#555")
+        bars = alt.Chart(per_step, title="new persistent spikes per step").mark_bar().encode(
+            x=alt.X("step:O", title="RL step", scale=alt.Scale(domain=steps)),
+            y=alt.Y("new_persistent:Q", title="new persistent spikes (contexts)"),
+            color=colour, tooltip=list(per_step.columns)).properties(width=width, height=180)
+    if accuracy is None or accuracy.empty:
         return bars
-    line = alt.Chart(accuracy, title="accuracy").mark_line(point=True).encode(
-        x=x, y=alt.Y("accuracy:Q", title="accuracy"))
-    if {"low", "high"} <= set(accuracy.columns):
-        line = alt.Chart(accuracy).mark_area(opacity=0.2).encode(x=x, y="low:Q", y2="high:Q") + line
-    return alt.vconcat(line.properties(width=480, height=140), bars)
+    return alt.vconcat(accuracy_line(accuracy, steps, width), bars)
+
+
+def onset_chart(table: pd.DataFrame, onsets: pd.DataFrame, accuracy: pd.DataFrame | None = None,
+                min_clusters: int = 5):
+    """Under the accuracy curve, one row per label of each scheme (``onsets.departure_table``
+    and ``onsets.onsets``): the mean departure at each step (red: the checkpoint lowers the
+    written tokens' probability, blue: raises it), a ring where its interval over problems
+    excludes 0, a black triangle at the onset. Labels carried by fewer than
+    ``min_clusters`` problems at every step are left out (the table lists them)."""
+    import altair as alt
+
+    kept = onsets[onsets.problems >= min_clusters]
+    if table.empty or kept.empty:
+        return nothing_to_show("mean departure by label and step",
+                               f"no label is carried by {min_clusters} or more problems")
+    scheme_name = {"ground_truth": "label", "token_category": "category"}
+    df = table.merge(kept[["scheme", "category", "onset_step"]], on=["scheme", "category"])
+    df = df.assign(row=df.scheme.map(scheme_name).fillna(df.scheme) + ": " + df.category,
+                   apart=[(lo > 0 or hi < 0) and n >= min_clusters
+                          for lo, hi, n in zip(df.low, df.high, df.problems)],
+                   onset=df.step == df.onset_step)
+    steps = _step_axis(df, accuracy)
+    width = max(240, 60 * len(steps))
+    order = df.sort_values(["scheme", "category"]).row.unique().tolist()
+    lim = float(max(np.nanmax(np.abs(df.estimate)), 1e-3))
+    base = alt.Chart(df).encode(x=alt.X("step:O", title="RL step", scale=alt.Scale(domain=steps)),
+                                y=alt.Y("row:N", sort=order, title=None))
+    cells = base.mark_rect().encode(
+        color=alt.Color("estimate:Q", title="mean departure, nats",
+                        scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0)),
+        tooltip=["row", "step", "against", alt.Tooltip("estimate:Q", format=".3f"),
+                 alt.Tooltip("low:Q", format=".3f"), alt.Tooltip("high:Q", format=".3f"),
+                 "problems", "rows"])
+    rings = base.transform_filter("datum.apart").mark_point(shape="circle", size=60, color="black")
+    marks = base.transform_filter("datum.onset").mark_point(shape="triangle-right", size=90,
+                                                            filled=True, color="black")
+    grid = (cells + rings + marks).properties(
+        width=width, height=max(60, 16 * len(order)),
+        title="mean departure of the written tokens by label (ring: interval excludes 0; "
+              "triangle: onset)")
+    if accuracy is None or accuracy.empty:
+        return grid
+    return alt.vconcat(accuracy_line(accuracy, steps, width), grid)

@@ -79,17 +79,20 @@ def to_schema(rows: pd.DataFrame, schema_name: str = "spikes",
 
 
 def strongest_departures(tests: pd.DataFrame, n: int = 12, step: int | None = None,
-                         group: str | None = "target") -> pd.DataFrame:
+                         group: str | None = "target", min_effect: float = 0.1) -> pd.DataFrame:
     """The ``n`` contexts with the smallest p-values at ``step`` (default: the last), of
-    ``group`` where the tests carry groups, first response tokens left out, whether or not
-    they are spikes: what the detector ranks highest, with the q-value that says how far
-    each is from significance."""
+    ``group`` where the tests carry groups, whether or not they are spikes: what the
+    detector ranks highest, with the q-value that says how far each is from significance.
+    Left out: first response tokens (they depend on the prompt alone) and departures
+    smaller than ``min_effect`` nats of divergence (the spikes' own floor: a near-certain
+    token whose log-odds moved while its probability barely did is no departure)."""
     step = tests.step.max() if step is None else step
     at = tests[tests.step == step]
     if group is not None and "group" in at and (at.group == group).any():
         at = at[at.group == group]
     if "first_token" in at:
         at = at[~at.first_token.astype(bool)]
+    at = at[at.divergence >= min_effect]
     at = at.sort_values(["p", "statistic"], ascending=[True, False]).drop_duplicates("context_id")
     cols = ["problem_id", "rollout_id", "pos", "token", "sign", "dlogp", "divergence",
             "rank_ref", "rank_ckpt", "statistic", "p", "q", "significant"]
@@ -108,3 +111,21 @@ def top_spikes(spikes: pd.DataFrame, n: int = 12, step: int | None = None) -> pd
             "rank_ref", "rank_ckpt", "moved_to_token", "moved_to_p_ref", "moved_to_p_ckpt",
             "onset_step", "persistence", "q"]
     return at[[c for c in cols if c in at]].reset_index(drop=True)
+
+
+def persistence_counts(spikes: pd.DataFrame):
+    """Spike contexts per step and persistence class, or a sentence when there is none."""
+    from IPython.display import Markdown
+
+    if spikes.empty or not spikes.significant.any():
+        return Markdown("No spike at any step: the spikes table holds no row.")
+    return (spikes[spikes.significant].groupby(["step", "persistence"]).context_id.nunique()
+            .unstack(fill_value=0))
+
+
+def shown(frame: pd.DataFrame, message: str):
+    """``frame``, or ``message`` as a sentence when it has no row (an empty table is not a
+    result)."""
+    from IPython.display import Markdown
+
+    return Markdown(f"*{message}.*") if frame.empty else frame

@@ -298,7 +298,8 @@ def describe(P: Params) -> pd.DataFrame:
     rows = []
     for name, spec in P.models.items():
         role = ("reference" if name == P.reference else "target" if name == P.target
-                else "checkpoint" if name in P.steps else "model")
+                else "placebo" if name in P.placebos else "checkpoint" if name in P.steps
+                else "model")
         where = spec.get("id") or spec.get("path") or spec.get("file")
         rows.append({"model": name, "role": role, "step": P.steps.get(name), "kind": spec["kind"],
                      "source": where, "revision": spec.get("revision"), "base": spec.get("base")})

@@ -199,7 +199,13 @@ SECTIONS = {
 }
 SUITE_KEYS = {"suite", "description", "reference", "target", "prompt_template", "models",
               *SECTIONS}
-CHECKPOINT_KEYS = {"step", "model", "description", "forcing", "runtime"}
+CHECKPOINT_KEYS = {"step", "model", "run", "description", "forcing", "runtime"}
+
+# The training run a checkpoint belongs to (its file's ``run`` key, default "rlvr"): the RLVR
+# run the book studies, or a placebo run (the same optimisation with a reward that carries no
+# information, e.g. permuted within each batch), whose checkpoints are the external null of
+# chapter 05. A placebo is matched to the RLVR checkpoint of the same step.
+RUNS = ("rlvr", "placebo")
 
 
 def hint(key: str, valid) -> str:

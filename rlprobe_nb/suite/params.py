@@ -3,7 +3,11 @@
 ``params/<suite>/suite.yaml`` holds the suite (models, problems, grading, filtering,
 rollouts, forcing, counterfactuals, runtime). Every other ``params/<suite>/<name>.yaml`` is a checkpoint of
 the run: its ``step``, its ``model`` and optional overrides of ``forcing``/``runtime``.
-Adding a checkpoint is adding a file. Everything is checked before any model is loaded:
+Adding a checkpoint is adding a file. A checkpoint file may say ``run: placebo``: a
+checkpoint of a placebo run (the same training with a reward that carries no information),
+forced like any checkpoint and matched to the RLVR checkpoint of the same step
+(``Params.placebo_for``); ``Params.checkpoints`` stays the RLVR run. A placebo step that no
+RLVR checkpoint has is refused. Everything is checked before any model is loaded:
 an unknown or misspelled key, a wrong type or an unknown checkpoint raises ParamsError
 naming the file, the key and the valid choices (the schema: ``param_schema``).
 
@@ -28,6 +32,7 @@ from rlprobe_nb.suite.notebook_parameters import check_notebook_parameters  # no
 from rlprobe_nb.suite.param_schema import (  # noqa: F401 (the schema is read through here too)
     CHECKPOINT_KEYS,
     CHOICES,
+    RUNS,
     MODEL_KEYS,
     RANGES,
     SECTIONS,
@@ -63,6 +68,7 @@ class SuiteFiles:
     models: dict[str, dict]
     steps: dict[str, int]
     checkpoints: dict[str, dict]
+    runs: dict[str, str] = field(default_factory=dict)  # checkpoint -> its run (RUNS)
 
     @property
     def suite_file(self) -> Path:
@@ -88,13 +94,41 @@ class Params:
     runtime: RuntimeParams
     files: list[str]
     overrides: dict[str, Any] = field(default_factory=dict)  # as given to load()
+    # checkpoint -> the run it belongs to, "rlvr" or "placebo" (absent: "rlvr")
+    runs: dict[str, str] = field(default_factory=dict)
     # the files these were built from (``variant`` builds others from them); not a value
     source: Optional[SuiteFiles] = field(default=None, repr=False, compare=False)
+
+    def run_of(self, name: str) -> str:
+        """The run a checkpoint belongs to: "rlvr" or "placebo"."""
+        return self.runs.get(name, "rlvr")
+
+    def _of_run(self, run: str) -> list[str]:
+        return sorted((n for n in self.steps if self.run_of(n) == run),
+                      key=lambda name: self.steps[name])
 
     @property
     def checkpoints(self) -> list[str]:
         """RLVR checkpoints of the run, ordered by training step."""
-        return sorted(self.steps, key=lambda name: self.steps[name])
+        return self._of_run("rlvr")
+
+    @property
+    def placebos(self) -> list[str]:
+        """Placebo checkpoints (the external null), ordered by training step."""
+        return self._of_run("placebo")
+
+    @property
+    def forced(self) -> list[str]:
+        """Every checkpoint notebook 03 forces: the RLVR run, then the placebos."""
+        return self.checkpoints + self.placebos
+
+    def placebo_for(self, checkpoint: str) -> Optional[str]:
+        """The placebo checkpoint at the step of an RLVR ``checkpoint``, or None."""
+        if checkpoint not in self.steps or self.run_of(checkpoint) != "rlvr":
+            raise ParamsError(f"{checkpoint!r} is not an RLVR checkpoint of suite "
+                              f"{self.suite!r}; valid: {self.checkpoints}")
+        same = [p for p in self.placebos if self.steps[p] == self.steps[checkpoint]]
+        return same[0] if same else None
 
     def model_spec(self, name: str) -> dict:
         if name not in self.models:
@@ -109,6 +143,8 @@ class Params:
         out = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
                for k, v in out.items()}
         out["checkpoints"] = self.checkpoints
+        if self.placebos:
+            out["placebos"] = self.placebos
         return out
 
 
@@ -160,11 +196,12 @@ def active_suite(suite: Optional[str] = None) -> str:
     return suite or os.environ.get("RLPROBE_SUITE") or DEFAULT_SUITE
 
 
-def _load_checkpoints(folder: Path, models: dict, suite_file: Path) -> tuple[dict, dict]:
-    """Every <checkpoint>.yaml of the suite: steps by name, raw contents by name (their
-    models are added to ``models``)."""
+def _load_checkpoints(folder: Path, models: dict, suite_file: Path) -> tuple[dict, dict, dict]:
+    """Every <checkpoint>.yaml of the suite: steps by name, raw contents by name, runs by
+    name (their models are added to ``models``)."""
     steps: dict[str, int] = {}
     ckpt_raw: dict[str, dict] = {}
+    runs: dict[str, str] = {}
     for f in sorted(folder.glob("*.yaml")):
         if f.name == SUITE_FILE:
             continue
@@ -179,10 +216,17 @@ def _load_checkpoints(folder: Path, models: dict, suite_file: Path) -> tuple[dic
         if steps[name] < 0:
             raise ParamsError(f"{f}: key 'step': {steps[name]} is negative; a checkpoint's "
                               "step counts RL updates from 0")
+        runs[name] = check_type(data.get("run", "rlvr"), str, f"{f}: key 'run'")
+        if runs[name] not in RUNS:
+            raise ParamsError(f"{f}: key 'run': {runs[name]!r} is not one of {list(RUNS)} "
+                              "(rlvr: the run the book studies, the default; placebo: the same "
+                              f"training with an uninformative reward){hint(runs[name], RUNS)}")
         models[name] = check_model(name, data["model"], str(f))
         ckpt_raw[name] = data
-    _check_steps_distinct(steps, folder)
-    return steps, ckpt_raw
+    for run in RUNS:
+        _check_steps_distinct({n: s for n, s in steps.items() if runs[n] == run}, folder)
+    _check_placebo_steps(steps, runs, folder)
+    return steps, ckpt_raw, runs
 
 
 def _check_steps_distinct(steps: dict[str, int], folder: Path) -> None:
@@ -192,8 +236,21 @@ def _check_steps_distinct(steps: dict[str, int], folder: Path) -> None:
     shared = {step: names for step, names in by_step.items() if len(names) > 1}
     if shared:
         step, names = sorted(shared.items())[0]
-        raise ParamsError(f"{folder}: checkpoints {names} share step {step}; each checkpoint "
-                          "of a run has its own step (charts and tests order them by it)")
+        raise ParamsError(f"{folder}: checkpoints {sorted(names)} share step {step}; each "
+                          "checkpoint of a run has its own step (charts and tests order them "
+                          "by it)")
+
+
+def _check_placebo_steps(steps: dict[str, int], runs: dict[str, str], folder: Path) -> None:
+    """Every placebo checkpoint has an RLVR checkpoint at its step (it is that one's null)."""
+    rlvr = {s: n for n, s in steps.items() if runs[n] == "rlvr"}
+    for name, step in sorted(steps.items()):
+        if runs[name] == "placebo" and step not in rlvr:
+            raise ParamsError(
+                f"{folder / (name + '.yaml')}: placebo checkpoint {name!r} is at step {step}, "
+                f"where the RLVR run has no checkpoint (its steps: {sorted(rlvr)}); a placebo is "
+                "the null of the RLVR checkpoint at the same step: add that checkpoint or "
+                "remove this file")
 
 
 def read_files(suite: Optional[str] = None) -> SuiteFiles:
@@ -214,14 +271,14 @@ def read_files(suite: Optional[str] = None) -> SuiteFiles:
         raise ParamsError(f"{suite_file}: key 'models': expected a mapping of name -> model")
     models = {check_name(name, "model", str(suite_file)): check_model(name, spec, str(suite_file))
               for name, spec in models_raw.items()}
-    steps, ckpt_raw = _load_checkpoints(folder, models, suite_file)
+    steps, ckpt_raw, runs = _load_checkpoints(folder, models, suite_file)
     for name, spec in models.items():
         if spec["kind"] == "peft" and spec["base"] not in models:
             raise ParamsError(
                 f"model {name!r}: base {spec['base']!r} is not a model of suite {suite!r}; "
                 f"valid: {sorted(models)}"
             )
-    return SuiteFiles(suite, folder, raw, models, steps, ckpt_raw)
+    return SuiteFiles(suite, folder, raw, models, steps, ckpt_raw, runs)
 
 
 def _apply_overrides(raw: dict, sections: dict, applied: dict) -> dict:
@@ -292,10 +349,13 @@ def build(files: SuiteFiles, checkpoint: Optional[str] = None,
     applied = {k: v for k, v in (overrides or {}).items() if v is not None}
     raw = _apply_overrides(files.raw, sections, applied)
     template = _check_roles_and_pairs(raw, sections, files.models, files.suite_file)
+    if files.runs.get(raw["target"]) == "placebo":
+        raise ParamsError(f"{files.suite_file}: key 'target': {raw['target']!r} is a placebo "
+                          "checkpoint; the target is a checkpoint of the RLVR run")
     return Params(suite=files.suite, description=str(raw.get("description", "")),
                   reference=raw["reference"], target=raw["target"], prompt_template=template,
                   models=files.models, steps=files.steps, checkpoint=checkpoint, files=used,
-                  overrides=applied, source=files, **sections)
+                  overrides=applied, runs=dict(files.runs), source=files, **sections)
 
 
 def load(suite: Optional[str] = None, checkpoint: Optional[str] = None,

@@ -325,9 +325,12 @@ def derived_key(P: params.Params, table: str, settings: dict,
 
 
 def write_derived(P: params.Params, table: str, frame: pd.DataFrame, schema, manifest: dict,
-                  settings: dict, producer: str) -> None:
+                  settings: dict, producer: str,
+                  inputs: Optional[dict[str, str]] = None) -> None:
+    """Write a table computed from the token tables; ``inputs``: the key hashes of any other
+    tables it read (e.g. the placebo run's token tables, ``token_shas(P, pairs)``)."""
     storage.write_table(folder(P, table), frame, schema, {**manifest, "producer": producer},
-                        key=derived_key(P, table, settings))
+                        key=derived_key(P, table, settings, inputs))
 
 
 def read_derived(P: params.Params, table: str) -> pd.DataFrame:

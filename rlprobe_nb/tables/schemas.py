@@ -257,7 +257,8 @@ TABLES.update({
 # its series. A context shared by several rollouts is one row (n_rollouts; rollout_id and
 # pos name the first). divergence = KL(ref‖ckpt) + KL(ckpt‖ref) unless the notebook's
 # parameters chose another; p is the context's calibrated p-value, q its BH q-value
-# among the checkpoint's n_tests distinct contexts. sign: rejects / endorses /
+# among the checkpoint's n_tests distinct contexts, against ``null`` (the placebo checkpoint
+# at the same step, or "internal": the checkpoint's own departures at other problems). sign: rejects / endorses /
 # redistributes (see rlprobe_nb.spikes.statistic). rank_ref / rank_ckpt are the written
 # token's rank before / after. moved_to_*: the checkpoint top-k token whose probability
 # grew most (moved_to_p_ref is null when it was outside the reference's top-k).
@@ -281,7 +282,8 @@ SPIKES = pa.schema(
         ("category", _str),  # chapter 04's token category, null when not classified
         ("first_token", _bool),
         ("significant", _bool),
-        ("statistic", _f64),  # -log of the smaller component p-value (larger = more surprising)
+        ("statistic", _f64),  # T = max(z_divergence, |z_written|), in null scales
+        ("null", _str),  # what the checkpoint was tested against: "internal" or a placebo
         ("z_divergence", _f64),  # log divergence vs its conditional null, in null scales
         ("z_written", _f64),  # the written token's log-odds change vs its conditional null, signed
         ("p", _f64),

@@ -1,7 +1,8 @@
 """Every per-token table of a suite in one call, checked current, for chapters 04 on.
 
 ``read_tokens(P)`` concatenates the tables of each RLVR checkpoint against the reference
-(written by notebook 03, one run per checkpoint), adds the checkpoint's RL ``step``, and
+(written by notebook 03, one run per checkpoint; the placebo run's checkpoints only when
+asked: ``pairs=placebo_pairs(P)``), adds the checkpoint's RL ``step``, and
 refuses a table that is damaged or was computed from other inputs than the current ones
 (``lineage.current_sha``: naming what changed and the run of 03 to redo). Checkpoints not
 forced yet are named; with none forced at all it stops at once.
@@ -29,6 +30,11 @@ def missing_runs(P: Params, pairs: list[tuple[str, str]]) -> list[str]:
     return [f"papermill notebooks/03_teacher_forcing.ipynb out.ipynb -p suite {P.suite} "
             f"-p checkpoint {c}" for c, r in pairs
             if not storage.is_complete(_folder(P, c, r))]
+
+
+def placebo_pairs(P: Params) -> list[tuple[str, str]]:
+    """(placebo checkpoint, reference) for every placebo of the suite (none: an empty list)."""
+    return [(c, P.reference) for c in P.placebos]
 
 
 def read_tokens(P: Params, pairs: list[tuple[str, str]] | None = None,

@@ -1,0 +1,175 @@
+"""A suite may name placebo checkpoints (``run: placebo``): the same training with an
+uninformative reward, chapter 05's external null. They are forced like any checkpoint,
+matched to the RLVR checkpoint of the same step, and left out of what chapter 04 reads.
+The suite here is the demo's parameters with a placebo file added, pointing at a shipped
+adapter (a stand-in: the shipped demo suite has no placebo run)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from rlprobe_nb import book
+from rlprobe_nb.suite import models, params, paths
+from rlprobe_nb.tables import suite_tables
+
+
+def _placebo_file(folder, name, step, adapter="rlvr_step_100", **extra):
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump({
+        "step": step, "run": "placebo", **extra,
+        "model": {"kind": "peft", "base": "dpo",
+                  "path": f"data/demo/shipped/adapters/{adapter}"}}))
+
+
+@pytest.fixture()
+def demo_copy(tmp_path, monkeypatch):
+    folder = tmp_path / "params" / "demo"
+    shutil.copytree(paths.params_dir() / "demo", folder)
+    monkeypatch.setenv("RLPROBE_PARAMS", str(tmp_path / "params"))
+    assert paths.suite_params_dir("demo") == folder
+    return folder
+
+
+def test_a_placebo_is_matched_by_step_and_kept_out_of_the_rlvr_run(demo_copy):
+    _placebo_file(demo_copy, "placebo_step_200", 200)
+    _placebo_file(demo_copy, "placebo_step_1200", 1200)
+    P = params.load("demo")
+    assert P.checkpoints == ["rlvr_step_100", "rlvr_step_200", "rlvr_step_400",
+                             "rlvr_step_800", "rlvr_step_1200"]
+    assert P.placebos == ["placebo_step_200", "placebo_step_1200"]
+    assert P.forced == P.checkpoints + P.placebos
+    assert P.placebo_for("rlvr_step_200") == "placebo_step_200"
+    assert P.placebo_for("rlvr_step_400") is None
+    assert P.run_of("placebo_step_200") == "placebo" and P.run_of("rlvr_step_200") == "rlvr"
+    with pytest.raises(params.ParamsError, match="not an RLVR checkpoint"):
+        P.placebo_for("placebo_step_200")
+    assert P.as_dict()["placebos"] == P.placebos
+    roles = models.describe(P).set_index("model").role
+    assert roles["placebo_step_200"] == "placebo" and roles["rlvr_step_200"] == "checkpoint"
+    # 03 runs for every checkpoint of both runs, the RLVR run first
+    runs = [stem for _, _, stem in book.runs(P, only=["03"])]
+    assert runs == [f"03_teacher_forcing__{c}" for c in P.forced]
+    # a placebo's own parameters load like a checkpoint's (what its run of 03 does)
+    Pp = params.load("demo", "placebo_step_200")
+    assert Pp.checkpoint == "placebo_step_200" and Pp.steps["placebo_step_200"] == 200
+    # chapter 04 reads the RLVR run; the placebo tables are asked for by name
+    assert suite_tables.placebo_pairs(P) == [("placebo_step_200", "dpo"),
+                                             ("placebo_step_1200", "dpo")]
+
+
+def test_the_shipped_demo_has_no_placebo():
+    P = params.load("demo")
+    assert P.placebos == [] and P.forced == P.checkpoints
+    assert all(P.placebo_for(c) is None for c in P.checkpoints)
+
+
+def test_a_placebo_at_a_step_the_rlvr_run_lacks_is_refused(demo_copy):
+    _placebo_file(demo_copy, "placebo_step_300", 300)
+    with pytest.raises(params.ParamsError) as err:
+        params.load("demo")
+    msg = str(err.value)
+    assert "placebo_step_300.yaml" in msg and "step 300" in msg
+    assert "[100, 200, 400, 800, 1200]" in msg
+
+
+def test_a_misspelled_run_is_refused_with_the_valid_ones(demo_copy):
+    _placebo_file(demo_copy, "placebo_step_200", 200)
+    path = demo_copy / "placebo_step_200.yaml"
+    path.write_text(path.read_text().replace("run: placebo", "run: placeebo"))
+    with pytest.raises(params.ParamsError, match=r"key 'run': 'placeebo' is not one of "
+                                                 r"\['rlvr', 'placebo'\].*did you mean 'placebo'"):
+        params.load("demo")
+
+
+def test_two_placebos_at_one_step_are_refused_but_may_share_it_with_the_rlvr_run(demo_copy):
+    _placebo_file(demo_copy, "placebo_step_200", 200)
+    params.load("demo")  # a placebo shares its step with its RLVR checkpoint
+    _placebo_file(demo_copy, "placebo_b_step_200", 200)
+    with pytest.raises(params.ParamsError, match=r"share step 200"):
+        params.load("demo")
+
+
+def test_a_placebo_cannot_be_the_target(demo_copy):
+    _placebo_file(demo_copy, "placebo_step_1200", 1200)
+    suite_file = demo_copy / "suite.yaml"
+    suite_file.write_text(suite_file.read_text().replace("target: rlvr_step_1200",
+                                                         "target: placebo_step_1200"))
+    with pytest.raises(params.ParamsError, match="is a placebo checkpoint"):
+        params.load("demo")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_notebook_03_forces_a_placebo_and_05_tests_against_it(tmp_path):
+    """A small suite (the demo's GGUF reference, two shipped adapters: one as the RLVR
+    checkpoint, the other as a stand-in placebo at its step) through 01, 02 and 03 for
+    both checkpoints with papermill; the placebo's token table is read only when asked
+    for, and 05's external null uses it."""
+    import json
+    import os
+    import sys
+
+    sys.path.insert(0, str(paths.REPO_ROOT / "tests"))
+    from test_notebooks import outputs, papermill
+
+    from rlprobe_nb.spikes import detect, external
+    from rlprobe_nb.suite import gguf_cache
+
+    adapters = paths.shipped_dir("demo") / "adapters"
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps(
+        {"unique_id": f"p/{i}", "problem": f"What is ${a} + {b}$?", "answer": str(a + b)}) + "\n"
+        for i, (a, b) in enumerate([(12, 30), (7, 8), (25, 19), (41, 17)])))
+    folder = tmp_path / "params" / "mini"
+    folder.mkdir(parents=True)
+    (folder / "suite.yaml").write_text(yaml.safe_dump({
+        "suite": "mini", "reference": "dpo", "target": "rlvr_step_1200",
+        "models": {"dpo": {"kind": "gguf", "path": str(gguf_cache.demo_gguf_path())}},
+        "problems": {"source": "file", "path": str(problems)},
+        "grading": {"timeout_s": 5.0, "workers": 1},
+        "filtering": {"n_samples": 1, "max_new_tokens": 24, "batch_size": 8,
+                      "ref_max_pass": 1.0, "target_min_pass": 0.0},
+        "rollouts": {"n_per_problem": 2, "max_new_tokens": 24, "batch_size": 8},
+        "forcing": {"failure_types": ["boxed_wrong", "empty_box", "no_box", "truncated"],
+                    "max_rollouts": 8, "topk": 5, "pairs": []},
+        "runtime": {"device": "cpu", "dtype": "float32"}}))
+    for name, run, adapter in (("rlvr_step_1200", "rlvr", "rlvr_step_1200"),
+                               ("placebo_step_1200", "placebo", "rlvr_step_100")):
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump({
+            "step": 1200, "run": run,
+            "model": {"kind": "peft", "base": "dpo", "path": str(adapters / adapter)}}))
+    env = {**os.environ, "RLPROBE_OUT": str(tmp_path / "out"),
+           "RLPROBE_PARAMS": str(tmp_path / "params")}
+    runs = [("01_filtering", ()), ("02_rollouts", ()),
+            ("03_teacher_forcing", (("checkpoint", "placebo_step_1200"),)),
+            ("03_teacher_forcing", (("checkpoint", "rlvr_step_1200"),))]
+    for i, (nb, extra) in enumerate(runs):
+        out = tmp_path / f"{i}_{nb}.ipynb"
+        result = papermill(f"{nb}.ipynb", out, ("suite", "mini"), *extra, env=env)
+        assert result.returncode == 0, outputs(out)[-3000:]
+    text = outputs(tmp_path / "2_03_teacher_forcing.ipynb")
+    assert "checkpoint 'placebo_step_1200' (step 1200)" in text
+    assert "placebo_step_1200 vs dpo:" in text
+
+    old = {k: os.environ.get(k) for k in ("RLPROBE_OUT", "RLPROBE_PARAMS")}
+    os.environ.update(RLPROBE_OUT=env["RLPROBE_OUT"], RLPROBE_PARAMS=env["RLPROBE_PARAMS"])
+    try:
+        P = params.load("mini")
+        assert P.checkpoints == ["rlvr_step_1200"] and P.placebos == ["placebo_step_1200"]
+        tokens = suite_tables.read_tokens(P)
+        assert set(tokens.checkpoint) == {"rlvr_step_1200"}
+        placebo, nulls, used = external.suite_nulls(P, P.checkpoints)
+        assert set(placebo.checkpoint) == {"placebo_step_1200"}
+        assert used.null.tolist() == ["placebo_step_1200"]
+        # both runs were forced over the same contexts
+        assert set(placebo.context_id) == set(tokens.context_id)
+        tests = detect(tokens, nulls=nulls)
+        assert (tests.null == "placebo_step_1200").all() and tests.p.between(0, 1).all()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
