@@ -146,6 +146,27 @@ def test_a_shown_interval_and_its_verdicts():
     lines = narrative.main_lines(branching.summary(eff[eff.kind == "point"],
                                                    eff[eff.kind == "control"], n_boot=500), "ck")
     assert "larger at the points than at their controls" in lines[-1]
-    assert lines[1].startswith("  at their 8 matched controls")
+    assert lines[1].startswith("  at their 8 matched controls (same rollout")
     none = narrative.positive_line(branching.summary(pos.iloc[:0], None), "ck")
     assert "cannot show that the method sees a decisive token" in none
+
+
+def test_the_grid_spans_a_case_study_without_its_eos_and_policies_keep_their_problems(tok):
+    main = points.select_points(tok, NO_SPIKES, checkpoint="ck", rule=["operand"], max_points=4)
+    both = plan.combine(main, main.iloc[:0])
+    rollouts = pd.DataFrame([{"rollout_id": r, "problem_id": g.problem_id.iloc[0],
+                              "response_ids": g.sort_values("pos").token_id.tolist()}
+                             for r, g in tok.groupby("rollout_id")])
+    case = plan.case_studies(both, 1)
+    ids = rollouts.set_index("rollout_id").at[case[0], "response_ids"]
+    assert ids[-1] == EOS
+    some = {both.problem_id.iloc[0]}
+    built = plan.build(both, main.iloc[:0].assign(matched_pos=[], match=[]), tok, rollouts,
+                       {"ck": None, "ref": some}, case_study_ids=case, grid_points=4,
+                       special={EOS})
+    grid = built[(built.model == "ck") & (built.kind == "grid")]
+    last = len(ids) - 1  # the prefix that keeps every token but EOS
+    assert sorted(grid.pos) == sorted({round(i * last / 3) for i in range(4)})
+    assert (grid.rollout_id == case[0]).all() and (grid.arm == "prefix").all()
+    assert set(built[built.model == "ref"].problem_id) <= some
+    assert len(built[built.model == "ck"]) > len(built[built.model == "ref"]) > 0

@@ -90,7 +90,8 @@ def main_lines(summary: pd.DataFrame, model: str, min_clusters: int = MIN_CLUSTE
     if control is None or not control["branches"]:
         return lines + ["  no control was matched: the effect has nothing to be compared with"]
     lines.append(f"  at their {int(control['branches'])} matched controls (same rollout, "
-                 f"category and entropy): {_interval(control, min_clusters)}")
+                 f"matched on entropy and, where one was near, category): "
+                 f"{_interval(control, min_clusters)}")
     sign = _shown_excludes_zero(diff, min_clusters)
     verdict = {1: "larger at the points than at their controls",
                -1: "smaller at the points than at their controls",
