@@ -14,26 +14,25 @@
 # ---
 
 # %% [markdown]
-# # 08 · Counterfactual branching: does the token where a checkpoint disagrees decide the answer?
+# # 08 · Counterfactual branching: does the token decide the answer?
 #
 # Chapters 04–06 say where a checkpoint *would* write something else than the reference
 # did. That does not say the token matters: a different word for the same step changes
-# nothing. Here the text itself is put to the test. A model takes over a reference rollout
-# after its first k tokens and writes the rest, many times, with seeded samples; every
-# continuation is graded with the book's grader. Two experiments:
+# nothing. Here the text itself is put to the test. The checkpoint takes over one of the
+# reference's wrong rollouts just before a chosen token and writes the rest, many times,
+# with seeded samples, once with the token the reference wrote (*keep*) and once with
+# another one swapped in; every continuation is graded with the book's grader, and the
+# difference in pass rates is the token's *effect*.
 #
-# - **takeover curves**: the pass rate as a function of k, for a few rollouts, to see where
-#   inheriting more of the reference's text stops the checkpoint from reaching the answer;
-# - **branching**: at each chosen token, continue once with the token the reference wrote
-#   (*keep*) and once with the checkpoint's preferred token instead (*substitute*). The
-#   effect is the difference in pass rates, with Newcombe's interval. The same branching
-#   at control positions, matched on the reference's entropy, says how much any swap of a
-#   token of that uncertainty changes.
+# Two experiments, in this order:
 #
-# The chosen tokens are the final checkpoint's significant spikes (chapter 05). Where none
-# reached significance, as on small suites, they are its strongest *departures* by
-# symmetric KL, one per rollout (chapter 06's rule), labelled "departure (not a
-# significant spike)" in the table, the charts and the text.
+# 1. **the positive control**: at the first wrong digit of a wrong result (the
+#    ground-truth labeller of chapter 04 finds them), swap in the *correct* digit. Where
+#    the answer is copied from that result, this must lift the pass rate. If it does, the
+#    method can see a decisive token; if not, a null result below says little.
+# 2. **the main result**: at branch points chosen by content (the checkpoint's significant
+#    spikes, then tokens that carry the arithmetic), swap in the checkpoint's own top-1
+#    alternative, and compare with the same swap at matched *control* tokens.
 
 # %%
 from typing import Optional
@@ -41,8 +40,8 @@ from typing import Optional
 import pandas as pd
 from IPython.display import display
 
-from rlprobe_nb import views
-from rlprobe_nb.counterfactuals import branching, charts, plan, table, takeover
+from rlprobe_nb import reporting, views
+from rlprobe_nb.counterfactuals import branching, charts, narrative, plan, points, table, takeover
 from rlprobe_nb.divergence import token_categories
 from rlprobe_nb.problems import grading
 from rlprobe_nb.render import case_studies
@@ -54,10 +53,15 @@ suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPR
 checkpoint: Optional[str] = None  # the checkpoint that continues the rollouts (default: the final one)
 group: str = "target"  # the rollout group branched: target, ref_right or control
 n: Optional[int] = None  # continuations per context (default: counterfactuals.n)
-max_points: Optional[int] = None  # branch points, spikes or else departures (default: counterfactuals.max_points)
+max_points: Optional[int] = None  # main branch points, chosen by content (default: counterfactuals.max_points)
+positive_points: Optional[int] = None  # first wrong digits of the positive control (default: counterfactuals.positive_points)
+positive_pool: Optional[str] = None  # where the positive control's digits come from: problems or forced (default: counterfactuals.positive_pool)
+point_rule: Optional[list[str]] = None  # ground-truth labels that choose points after the spikes, in order (default: counterfactuals.point_rule)
+include_format: Optional[bool] = None  # let format tokens be points too (default: counterfactuals.include_format)
 grid_points: Optional[int] = None  # prefix lengths of each takeover curve (default: counterfactuals.grid_points)
 n_case_studies: Optional[int] = None  # rollouts that get a takeover curve (default: counterfactuals.case_studies)
 temperature: Optional[float] = None  # sampling temperature of the continuations (default: counterfactuals.temperature)
+continuation_tokens: Optional[int] = None  # most new tokens of one continuation (default: counterfactuals.continuation_tokens)
 ref_min_pass: Optional[float] = None  # the reference continues only problems it solves at least this often
 caliper: Optional[float] = None  # controls: largest gap to the point in the reference entropy, nats
 seed: Optional[int] = None  # seed of the continuations (default: counterfactuals.seed)
@@ -65,124 +69,253 @@ n_boot: int = 2000  # bootstrap resamples of the effect intervals
 overwrite: bool = False  # recompute tables computed from other inputs (without it they are refused, naming what changed)
 
 # %% [markdown]
-# `checkpoint` is whose spikes are branched at (None: the final one). The sampling sizes
-# default to the suite's `counterfactuals` section (`params/<suite>/suite.yaml`); a value
-# given here overrides it and is checked against the same ranges.
+# `checkpoint` is the policy that continues, and whose spikes and preferences choose the
+# points (None: the final one). The rest default to the suite's `counterfactuals` section
+# (`params/<suite>/suite.yaml`); a value given here overrides it and is checked against
+# the same ranges.
 
 # %%
 params.check_notebook_parameters(globals())
-given = {"n": n, "max_points": max_points, "grid_points": grid_points,
+given = {"n": n, "max_points": max_points, "positive_points": positive_points,
+         "point_rule": point_rule, "include_format": include_format, "grid_points": grid_points,
          "case_studies": n_case_studies, "temperature": temperature,
-         "ref_min_pass": ref_min_pass, "caliper": caliper, "seed": seed}
+         "continuation_tokens": continuation_tokens, "positive_pool": positive_pool,
+         "ref_min_pass": ref_min_pass,
+         "caliper": caliper, "seed": seed}
 P = params.load(suite, overrides={f"counterfactuals.{k}": v for k, v in given.items()})
 C = P.counterfactuals
 TOKENS = suite_tables.read_tokens(P)
 TOKENS = TOKENS[TOKENS.reference == P.reference]
 checkpoint = checkpoint or case_studies.final_checkpoint(TOKENS)
 tokens = TOKENS[(TOKENS.checkpoint == checkpoint) & (TOKENS.group == group)].reset_index(drop=True)
-tokens["category"] = token_categories.classify(tokens).astype(str)
 SPIKES = lineage.read_derived(P, "spikes")
-ROLLOUTS, rollouts_sha = lineage.read_current(P, "rollouts")
-ROLLOUTS = ROLLOUTS[ROLLOUTS.rollout_id.isin(set(tokens.rollout_id))]
+ALL_ROLLOUTS, rollouts_sha = lineage.read_current(P, "rollouts")
+forced = set(tokens.rollout_id)
+mine = ALL_ROLLOUTS[(ALL_ROLLOUTS.model == P.reference)
+                    & ALL_ROLLOUTS.problem_id.isin(set(tokens.problem_id))]
+extra = mine[~mine.rollout_id.isin(forced) & ~mine.correct.astype(bool)] \
+    if C.positive_pool == "problems" else mine.iloc[:0]
+ROLLOUTS = mine[mine.rollout_id.isin(forced | set(extra.rollout_id))]
 PROBLEMS, _ = lineage.read_current(P, "problems")
 ANSWERS, _ = lineage.read_current(P, "answers")
 gold = dict(zip(PROBLEMS.problem_id, PROBLEMS.answer))
+texts = dict(zip(ROLLOUTS.rollout_id, ROLLOUTS.response))
 max_new_tokens = C.max_new_tokens or P.rollouts.max_new_tokens
 tokenizer = models.load_tokenizer(P.reference, P)
 special = set(tokenizer.all_special_ids)
 figures = paths.figures_dir(P.suite)
 print(f"suite {P.suite!r}: checkpoint {checkpoint!r} vs {P.reference!r}, group {group!r}: "
-      f"{len(ROLLOUTS)} rollouts, {len(tokens):,} tokens; {C}")
+      f"{len(forced)} forced rollouts of {tokens.problem_id.nunique()} problems "
+      f"({len(tokens):,} tokens); for the positive control also the reference's "
+      f"{len(extra)} other wrong rollouts of those problems (positive_pool "
+      f"{C.positive_pool!r})")
+
+# %% [markdown]
+# ## What each token is
+#
+# Every token gets chapter 04's category and the ground-truth label (is it a digit of a
+# right or a wrong result, an operand, format?), the checkpoint's most probable *real
+# alternative* (its text, whitespace stripped and case ignored, is neither empty nor the
+# written token's: "\n" → "\n\n" is no alternative), and at a first wrong digit the
+# correct digit, read from the labeller's verdict on the statement. A correct digit needs
+# no forcing, so the positive control may also use the reference's other wrong rollouts
+# of the same problems (`positive_pool`); points and controls need the checkpoint's top-k
+# and come from the forced rollouts only.
+
+# %%
+rows = pd.concat([tokens, points.rollout_tokens(extra, tokenizer)], ignore_index=True)
+rows["category"] = token_categories.classify(rows, texts).astype(str)
+TOK = points.annotate(rows, texts, text_of=lambda i: tokenizer.decode([i]),
+                      encode=lambda s: tokenizer.encode(s, add_special_tokens=False),
+                      special=special)
+TOK["result_is_answer"] = [points.is_answer(v, gold[p])
+                           for v, p in zip(TOK.statement_value, TOK.problem_id)]
+first_wrong = TOK[TOK.ground_truth == points.FIRST_WRONG]
+for label, part in (("forced", first_wrong[first_wrong.rollout_id.isin(forced)]),
+                    ("all", first_wrong)):
+    fixable = part[part.correct_id.notna()]
+    print(f"{label} rollouts: {len(part)} first wrong digit(s) in {part.rollout_id.nunique()} "
+          f"rollout(s) of {part.problem_id.nunique()} problem(s); a correct digit for "
+          f"{len(fixable)} of them, in {fixable.problem_id.nunique()} problem(s)")
+first_wrong.correct_how.value_counts().rename("first wrong digits: how corrected, or why not")
 
 # %% [markdown]
 # ## Where to branch
 #
-# The significant spikes of the checkpoint in the group's rollouts (first response tokens
-# left out: they depend on the prompt alone), at most `max_points`, drawn category by
-# category; else its strongest departures. Each point gets one control: a token of the
-# same rollout (else of the same problem, else of any) that is no spike at any step nor
-# within two tokens of a chosen point, whose reference entropy is nearest the point's
-# (within `caliper` nats).
+# The rule (`point_rule`) is an ordered list of sources: the checkpoint's significant
+# spikes of chapter 05, then tokens by ground-truth label (a token counts for the first
+# source that has it). Up to `max_points` are drawn in rounds over problems, since the
+# effect is averaged over problems: each round takes from every problem its best-ranked
+# token left by the rule, ties drawn with the seed. Format tokens are never points unless
+# `include_format`; nor are first response tokens (they depend on the prompt alone), EOS,
+# or tokens without a real alternative. The positive control takes up to
+# `positive_points` first wrong digits that have a correct digit: those among the points,
+# then each rollout's earliest (the error the rest of it inherits), then later ones. Each
+# point says which rule picked it (`rule`).
 
 # %%
-spiked = branching.select_spikes(SPIKES, checkpoint, groups=(group,), max_spikes=C.max_points,
-                                 seed=C.seed)
-point_kind = "spike" if len(spiked) else "departure"
-label = "spike" if len(spiked) else "departure (not a significant spike)"
-selected = spiked if len(spiked) else branching.select_departures(tokens, checkpoint, (group,),
-                                                                  C.max_points)
-avoid = pd.concat([selected[["rollout_id", "pos"]], SPIKES[["rollout_id", "pos"]]])
-controls = branching.match_controls(selected, tokens, avoid, caliper=C.caliper, seed=C.seed)
-print(f"{len(spiked)} significant spikes of {checkpoint!r} in group {group!r}: branching at "
-      f"{len(selected)} {label} point(s); {len(controls)} matched controls "
-      f"({controls['match'].value_counts().to_dict()})")
-selected[["rollout_id", "pos", "token", "category", "kl_ref_ckpt", "kl_ckpt_ref", "entropy_ref"]
-         ] if point_kind == "departure" else selected[["rollout_id", "pos", "token", "category", "q"]]
+MAIN = points.select_points(TOK, SPIKES, checkpoint=checkpoint, rule=C.point_rule,
+                            max_points=C.max_points, seed=C.seed, groups=(group,),
+                            include_format=C.include_format)
+POSITIVE = points.select_positive(TOK, MAIN, C.positive_points, seed=C.seed)
+POINTS = plan.combine(MAIN, POSITIVE)
+n_spikes = len(points.spike_keys(SPIKES, checkpoint, (group,)))
+print(f"rule {C.point_rule}: {len(MAIN)} points in {MAIN.problem_id.nunique()} problems "
+      f"({MAIN.rule.value_counts().to_dict()}); {n_spikes} significant spikes of {checkpoint!r} "
+      f"in group {group!r}; positive control: {len(POSITIVE)} first wrong digits in "
+      f"{POSITIVE.problem_id.nunique()} problems")
+POINTS[["rollout_id", "pos", "rule", "main", "positive", "token", "ground_truth", "category",
+        "alt_token", "alt_rank", "correct_char", "entropy_ref"]]
+
+# %% [markdown]
+# Each main point gets one control: a token of the same rollout and category (else of
+# any category: `match` says which) whose reference entropy is nearest the point's,
+# within `caliper` nats, that no rule marks as decisive: not a point, a spike or within
+# two tokens of one, not a first wrong digit, not a format token, with a real alternative
+# (swapped in just as at the point).
+
+# %%
+avoid = set(zip(SPIKES.rollout_id, SPIKES.pos)) | set(zip(POINTS.rollout_id, POINTS.pos))
+CONTROLS = branching.match_controls(MAIN, TOK, avoid, caliper=C.caliper, seed=C.seed,
+                                    include_format=C.include_format)
+print(f"{len(CONTROLS)} controls for {len(MAIN)} points "
+      f"({CONTROLS['match'].value_counts().to_dict()}); median entropy gap "
+      f"{reporting.fmt(CONTROLS.entropy_gap.median())} nats")
 
 # %% [markdown]
 # ## Which policies continue
 #
 # The checkpoint continues every context. The reference continues only the problems it
 # solves at least `ref_min_pass` of the time on its own (chapter 01's samples): where it
-# never does, its pass rate is about 0 on either arm and the difference says nothing.
+# never does, its pass rate is about 0 on every arm and the difference says nothing.
 
 # %%
 ref_rate = ANSWERS[ANSWERS.model == P.reference].groupby("problem_id").correct.mean()
-ref_problems = set(ref_rate[ref_rate >= C.ref_min_pass].index) & set(selected.problem_id)
+ref_problems = set(ref_rate[ref_rate >= C.ref_min_pass].index) & set(POINTS.problem_id)
 policies = {checkpoint: None, **({P.reference: ref_problems} if ref_problems else {})}
-print(f"the reference solves {len(ref_problems)} of the {selected.problem_id.nunique()} problems "
+print(f"the reference solves {len(ref_problems)} of the {POINTS.problem_id.nunique()} problems "
       f"branched on at least {C.ref_min_pass:.0%} of the time: "
       + ("it continues those too" if ref_problems else "it is not used as a policy here"))
 
 # %% [markdown]
 # ## The plan and its cost
 #
-# One row per (policy, context): keep and substitute at every point and control, and the
-# takeover grid (`grid_points` prefix lengths) of the `n_case_studies` rollouts with the
-# most points. Each context gets `n` continuations, seeded by (model, rollout, k,
-# substituted token, sample), each writing at most the response limit minus the prefix.
+# One row per (policy, context): keep and each substitute arm at every point and control,
+# and the takeover grid (`grid_points` prefix lengths) of the `n_case_studies` rollouts
+# with the most first wrong digits. Each context gets `n` continuations, seeded by
+# (model, rollout, k, substituted token, sample); a continuation writes at most
+# `continuation_tokens` new tokens and the response limit in all, and stops once it has
+# closed a box (`stop_at_box`: the grader reads the box, nothing after it counts). The
+# samples of one context share its prefix's forward pass.
 
 # %%
-cases = plan.case_studies(selected, C.case_studies)
-PLAN = plan.build(selected, controls, tokens, ROLLOUTS, policies, case_study_ids=cases,
-                  grid_points=C.grid_points, special=special, point_kind=point_kind)
-cost = plan.cost(PLAN, C.n, max_new_tokens)
-print(f"to sample: {cost.continuations.sum():,} continuations ({len(PLAN)} contexts x n = {C.n}) "
-      f"at T = {C.temperature}, at most {cost.max_new_tokens.sum():,} new tokens in all")
+cases = plan.case_studies(POINTS, C.case_studies)
+PLAN = plan.build(POINTS, CONTROLS, TOK, ROLLOUTS, policies, case_study_ids=cases,
+                  grid_points=C.grid_points, special=special)
+cost = plan.cost(PLAN, C.n, max_new_tokens, C.continuation_tokens)
+print(f"to sample: {cost.continuations.sum():,} continuations ({cost.contexts.sum()} distinct "
+      f"contexts x n = {C.n}) at T = {C.temperature}, at most "
+      f"{cost.max_new_tokens.sum():,} new tokens in all "
+      f"(at most {C.continuation_tokens or max_new_tokens} per continuation"
+      f"{', ending at a closed box' if C.stop_at_box else ''})")
 cost
 
 # %% [markdown]
 # ## Sampling and grading
 #
 # The `branches` table is keyed on the token tables it was drawn from and on everything
-# else its rows depend on (models, rollouts, the plan, n, temperature, limit, seed,
+# else its rows depend on (models, rollouts, the plan, n, temperature, limits, seed,
 # grader): the same inputs reuse it, other inputs are refused unless `overwrite=True`,
 # and later chapters refuse it once a token table changes. An interrupted run resumes
 # from its finished shards.
 
 # %%
-settings = table.branches_settings(P, PLAN, rollouts_sha, checkpoint=checkpoint, n=C.n,
-                                   temperature=C.temperature, max_new_tokens=max_new_tokens,
-                                   seed=C.seed)
+sampling = dict(n=C.n, temperature=C.temperature, max_new_tokens=max_new_tokens, seed=C.seed,
+                continuation_tokens=C.continuation_tokens, stop_at_box=C.stop_at_box)
+settings = table.branches_settings(P, PLAN, rollouts_sha, checkpoint=checkpoint, **sampling)
 manifest = provenance.manifest(P, seeds={"seed": C.seed}, grader=grading.grader_info(),
-                               extra={"checkpoint": checkpoint, "point_kind": point_kind})
+                               extra={"checkpoint": checkpoint, "point_rule": C.point_rule})
 BRANCHES = table.run_branches(P, PLAN, ROLLOUTS, gold, lambda name: models.load_model(name, P),
-                              settings, manifest, checkpoint=checkpoint, n=C.n,
-                              temperature=C.temperature, max_new_tokens=max_new_tokens,
-                              seed=C.seed, batch_rows=C.batch_rows, overwrite=overwrite)
+                              settings, manifest, checkpoint=checkpoint, batch_rows=C.batch_rows,
+                              overwrite=overwrite, **sampling)
 grading.shutdown()
-print(f"sampled and graded: {int(BRANCHES.n.sum()):,} continuations of {len(BRANCHES)} contexts")
+print(f"sampled and graded: {int(BRANCHES.n.sum()):,} continuations of {len(BRANCHES)} "
+      f"contexts; {int(BRANCHES.n_stopped.sum()):,} ended by EOS or a closed box, "
+      f"{reporting.fmt((BRANCHES.mean_new_tokens * BRANCHES.n).sum() / BRANCHES.n.sum())} new "
+      "tokens on average")
 BRANCHES.groupby(["model", "kind", "arm"]).agg(contexts=("pos", "size"), n=("n", "sum"),
                                                passes=("passes", "sum"))
+
+# %% [markdown]
+# ## 1 · The positive control: the correct digit at first wrong digits
+#
+# Effect = pass rate with the correct digit − with the written (wrong) one, at each first
+# wrong digit, each arm with its Wilson interval and the effect with Newcombe's; the
+# mean over points with a 95% interval that resamples problems (none from fewer than
+# five problems). A wrong result decides the answer only where the answer is computed
+# from it, so the lift is also shown by whether the wrong statement's true value is the
+# problem's answer.
+
+# %%
+POSITIVE_EFFECTS = branching.effects(BRANCHES[BRANCHES.kind == "point"], arm="correct")
+POSITIVE_EFFECTS["statement"] = POSITIVE_EFFECTS.result_is_answer.map(
+    {True: "its true value is the answer", False: "another result"}).fillna("answer unknown")
+POSITIVE_SUMMARY = branching.summary(POSITIVE_EFFECTS, None, by="statement", n_boot=n_boot,
+                                     seed=C.seed)
+for model in policies:
+    print(narrative.positive_line(POSITIVE_SUMMARY, model))
+    print("\n".join(["  by the wrong statement:"]
+                    + narrative.group_lines(POSITIVE_SUMMARY, model, "first wrong digits")))
+narrative.point_table(POSITIVE_EFFECTS)
+
+# %%
+if len(POSITIVE_EFFECTS):
+    display(views.show(charts.positive_chart(
+        POSITIVE_EFFECTS[POSITIVE_EFFECTS.model == checkpoint],
+        title=f"positive control: the correct digit at first wrong digits ({checkpoint})"),
+        save_as=figures / "08_positive_control"))
+else:
+    print("no first wrong digit was branched at: no chart")
+
+# %% [markdown]
+# ## 2 · The main result: the checkpoint's top-1 alternative at the points
+#
+# Effect = pass rate with the checkpoint's most probable real alternative − with the
+# written token, at every point and control. By the rule that picked the points (a
+# control counts with its point) and over all: the mean at the points, at the controls
+# and the difference, each with a 95% interval that resamples problems. The positive
+# control's line comes first: it says whether this run could see a decisive token at all.
+
+# %%
+MAIN_EFFECTS = branching.effects(BRANCHES[BRANCHES.kind == "point"], arm="top1")
+CONTROL_EFFECTS = branching.effects(BRANCHES[BRANCHES.kind == "control"], arm="top1")
+SUMMARY = branching.summary(MAIN_EFFECTS, CONTROL_EFFECTS, by="rule", n_boot=n_boot, seed=C.seed)
+for model in policies:
+    print(narrative.positive_line(POSITIVE_SUMMARY, model))
+    print("\n".join(narrative.main_lines(SUMMARY, model) + ["  by the rule that picked them:"]
+                    + narrative.group_lines(SUMMARY, model)))
+SHOWN = reporting.with_interval_text(SUMMARY, "mean", "low", "high", "problems", signed=True)
+SHOWN
+
+# %%
+narrative.point_table(pd.concat([MAIN_EFFECTS, CONTROL_EFFECTS], ignore_index=True))
+
+# %%
+if SHOWN[["low", "high"]].notna().all(axis=1).any():
+    display(views.show(charts.forest_chart(SHOWN, title="effect of the checkpoint's top-1 "
+                                           "alternative, by rule, vs matched controls"),
+                       save_as=figures / "08_forest"))
+else:
+    print(f"no estimate comes from at least {reporting.MIN_CLUSTERS} problems: no forest plot")
 
 # %% [markdown]
 # ## Takeover curves
 #
 # The pass rate of each policy's continuations after the first k tokens of the case-study
-# rollouts (band: Wilson 95%), with dashed rules where a branch point's token enters the
-# prefix (k = pos + 1). A *drop* is a fall of at least 0.3 that lasts two points, its
-# Newcombe interval below 0 after a correction for the positions scanned
-# (`takeover.find_drop`); with few points and small n only large falls can show.
+# rollouts (band: Wilson 95%), with dashed rules where a point's token enters the prefix
+# (k = pos + 1). A *drop* is a fall of at least 0.3 that lasts two points, its Newcombe
+# interval below 0 after a correction for the positions scanned (`takeover.find_drop`);
+# with few points and small n only large falls can show.
 
 # %%
 drops = takeover.curve_drops(BRANCHES, cases)
@@ -190,57 +323,8 @@ print(f"{int(drops['drop'].sum())} of {len(drops)} takeover curves drop")
 drops
 
 # %%
-views.show(charts.takeover_chart(BRANCHES, cases, title=f"takeover curves; branch points: {label}"),
-           save_as=figures / "08_takeover")
-
-# %% [markdown]
-# ## Branch effects
-#
-# Effect at a point = pass rate(substitute) − pass rate(keep), each arm n continuations,
-# with Newcombe's hybrid score interval.
-
-# %%
-EFFECTS = branching.effects(BRANCHES[BRANCHES.kind.isin([point_kind, "control"])])
-EFFECTS.sort_values(["model", "kind", "effect"])[
-    ["model", "kind", "rollout_id", "pos", "category", "passes_keep", "passes_sub", "n_keep",
-     "effect", "effect_low", "effect_high"]]
-
-# %% [markdown]
-# By category of the token (chapter 04's classes; a control counts in its point's
-# category) and over all ("all"): the mean effect at the points, at their controls, and
-# the difference, each with a 95% bootstrap interval that resamples whole problems (a
-# problem's points and controls move together).
-
-# %%
-SUMMARY = branching.by_category(EFFECTS, n_boot=n_boot, seed=C.seed)
-SUMMARY
-
-# %%
-if SUMMARY[["low", "high"]].notna().all(axis=1).any():
-    display(views.show(charts.forest_chart(SUMMARY, title=f"branch effect by category: {label} "
-                                                          "vs entropy-matched controls"),
-                       save_as=figures / "08_forest"))
+if cases:
+    display(views.show(charts.takeover_chart(BRANCHES, cases, title="takeover curves"),
+                       save_as=figures / "08_takeover"))
 else:
-    print("no estimate has an interval (too few branches): no forest plot")
-
-# %% [markdown]
-# ## What this says
-#
-# Whether the points chosen here matter more than their controls, in numbers read from
-# the tables above. The bootstrap resamples problems, not continuations: when every
-# branch shows the same effect (say 0 of n on both arms everywhere) its interval has no
-# width, which says the branches agree, not that each effect is known; each branch's own
-# Newcombe interval says how much n continuations can tell.
-
-# %%
-half = ((EFFECTS.effect_high - EFFECTS.effect_low) / 2).median()
-print(f"{len(EFFECTS)} branches of n = {C.n} continuations per arm; a branch's own 95% interval "
-      f"reaches ± {half:.2f} around its effect (median half-width)")
-for row in SUMMARY[SUMMARY.category == "all"].itertuples():
-    verdict = ("cannot be told apart from" if not row.low > 0 and not row.high < 0
-               else "is larger than" if row.low > 0 else "is smaller than")
-    print(f"policy {row.model}, {row.estimate}: mean effect {row.mean:+.3f} "
-          f"[{row.low:+.3f}, {row.high:+.3f}] over {row.branches} branches in {row.problems} problems")
-    if row.estimate.endswith(" - control"):
-        print(f"  -> swapping in the checkpoint's preferred token at a {label} {verdict} doing so "
-              f"at an entropy-matched control (95% interval, problems resampled)")
+    print("no case study: no takeover curve")

@@ -43,7 +43,8 @@ def small_demo_params(root: Path) -> Path:
     cfg["rollouts"].update(n_per_problem=2, max_new_tokens=40, temperatures=[0.7, 1.0])
     cfg["forcing"].update(failure_types=["boxed_wrong", "empty_box", "no_box", "truncated"],
                           max_rollouts=12)
-    cfg["counterfactuals"].update(n=2, max_points=2, grid_points=3, case_studies=1)
+    cfg["counterfactuals"].update(n=2, max_points=2, positive_points=2, grid_points=3,
+                                  case_studies=1)
     suite_file.write_text(yaml.safe_dump(cfg))
     return root
 

@@ -1,156 +1,172 @@
-"""Branching at spikes: the alternative token, spike selection, entropy-matched controls,
-the arms and effects, on synthetic frames with the token-table and spikes columns."""
+"""Branching: controls matched on category and entropy from the point's own rollout, the
+arms of the plan (keep, the checkpoint's top-1, the correct digit), effects with their
+intervals, the cost, and the sentences a reader gets (no interval from fewer than five
+problems), on hand-built token tables."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
+from counterfactual_tokens import EOS, Vocab, token_table, wrong_sums
 
-from rlprobe_nb.counterfactuals import branching, plan
+from rlprobe_nb.counterfactuals import branching, narrative, plan, points
+from rlprobe_nb.reporting import MIN_CLUSTERS
 
-EOS = 2
+
+@pytest.fixture()
+def tok():
+    vocab = Vocab()
+    texts = wrong_sums(6, per_problem=2)
+    return points.annotate(token_table(texts, vocab), texts, vocab.text_of, vocab.encode, {EOS})
 
 
-def token_table(n_rollouts=4, length=30, seed=0):
-    """Rows of a per-token table (the columns branching reads): 2 rollouts per problem."""
-    rng = np.random.default_rng(seed)
+NO_SPIKES = pd.DataFrame(columns=["checkpoint", "group", "rollout_id", "pos", "significant"])
+
+
+def test_controls_come_from_the_points_rollout_matched_on_category_and_entropy(tok):
+    main = points.select_points(tok, NO_SPIKES, checkpoint="ck", rule=["operand"], max_points=6)
+    avoid = set(zip(main.rollout_id, main.pos))
+    ctl = branching.match_controls(main, tok, avoid, caliper=5.0, gap=1, seed=0)
+    assert len(ctl) == len(main) and not ctl.duplicated(["rollout_id", "pos"]).any()
+    by_point = main.set_index(["rollout_id", "pos"])
+    for c in ctl.itertuples():
+        p = by_point.loc[(c.rollout_id, c.matched_pos)]  # the point is in the same rollout
+        assert all(abs(c.pos - q) > 1 for r, q in avoid if r == c.rollout_id)
+        assert c.ground_truth != "result_first_wrong" and not c.format and pd.notna(c.alt_id)
+        assert c.rule == "operand" and c.entropy_gap == pytest.approx(abs(c.entropy_ref - p.entropy_ref))
+        same = tok[(tok.rollout_id == c.rollout_id) & (tok.category == p.category)]
+        if c.match == "category":  # the nearest entropy among the rollout's tokens of its kind
+            assert c.category == p.category
+            pool = branching.control_pool(same, avoid, gap=1)
+            assert c.entropy_gap <= (pool.entropy_ref - p.entropy_ref).abs().min() + 1e-12 or \
+                len(ctl[ctl.rollout_id == c.rollout_id]) > 1
+    strict = branching.match_controls(main, tok, avoid, caliper=0.0, gap=1)
+    assert len(strict) < len(main)  # none within 0 nats: the point goes without a control
+
+
+def test_first_wrong_digits_are_never_controls(tok):
+    main = points.select_points(tok, NO_SPIKES, checkpoint="ck", rule=["result_after_wrong"],
+                                max_points=12)
+    ctl = branching.match_controls(main, tok, set(), caliper=10.0, gap=0)
+    assert len(ctl) and not (ctl.ground_truth == "result_first_wrong").any()
+
+
+def test_arms_of_points_controls_and_their_cost(tok):
+    main = points.select_points(tok, NO_SPIKES, checkpoint="ck",
+                                rule=["result_first_wrong", "operand"], max_points=10)
+    positive = points.select_positive(tok, main, 16, seed=0)
+    both = plan.combine(main, positive)  # 12 first wrong digits, 10 of them main points
+    assert len(both) == 12 and both.main.sum() == 10 and both.positive.sum() == 12
+    ctl = branching.match_controls(main, tok, set(zip(both.rollout_id, both.pos)), caliper=5.0)
+    rollouts = pd.DataFrame([{"rollout_id": r, "problem_id": g.problem_id.iloc[0],
+                              "response_ids": g.sort_values("pos").token_id.tolist()}
+                             for r, g in tok.groupby("rollout_id")])
+    built = plan.build(both, ctl, tok, rollouts, {"ck": None}, case_study_ids=[],
+                       grid_points=3, special={EOS})
+    arms = built.groupby(["kind", "rollout_id", "pos"]).arm.apply(lambda a: tuple(sorted(a)))
+    at = tok.set_index(["rollout_id", "pos"])
+    for r in both.itertuples():
+        want = ("keep",) + (("correct",) if r.positive else ()) + (("top1",) if r.main else ())
+        assert arms[("point", r.rollout_id, r.pos)] == tuple(sorted(want))
+    for r in built[built.arm == "correct"].itertuples():
+        assert r.substituted_id == at.loc[(r.rollout_id, r.pos), "correct_id"]
+        assert r.ground_truth == "result_first_wrong"
+    for r in built[built.arm == "top1"].itertuples():
+        assert r.substituted_id == at.loc[(r.rollout_id, r.pos), "alt_id"] and r.substituted_rank == 2
+    assert set(arms[("control",)]) == {("keep", "top1")}
+    cost = plan.cost(built, 16, 40, continuation_tokens=8)
+    assert cost.continuations.sum() == 16 * len(built)  # no two rows share a context here
+    kept = built.pos + 1
+    assert cost.max_new_tokens.sum() == 16 * (40 - kept).clip(lower=0, upper=8).sum()
+
+
+def test_a_top1_that_is_the_correct_digit_is_one_context(tok):
+    fw = tok[tok.ground_truth == "result_first_wrong"].head(1).copy()
+    fw["alt_id"] = fw["correct_id"]
+    both = plan.combine(fw.assign(rule="result_first_wrong"), fw.assign(rule="result_first_wrong"))
+    built = plan.build(both, tok.iloc[:0].assign(matched_pos=[], match=[], rule=[]), tok,
+                       pd.DataFrame(columns=["rollout_id", "problem_id", "response_ids"]),
+                       {"ck": None}, case_study_ids=[], grid_points=2, special={EOS})
+    assert sorted(built.arm) == ["correct", "keep", "top1"]
+    assert plan.cost(built, 16).continuations.sum() == 2 * 16
+
+
+def effect_rows(n_problems, passes_keep=1, passes_arm=12, n=16, arm="correct"):
     rows = []
-    for r in range(n_rollouts):
-        for pos in range(length):
-            written = int(rng.integers(10, 99))
-            alts = [int(a) for a in rng.choice(np.arange(100, 200), 4, replace=False)]
-            top = [written] + alts if pos % 3 else alts[:1] + [written] + alts[1:]
-            rows.append({"rollout_id": f"p{r // 2}#{r % 2}", "problem_id": f"p{r // 2}", "pos": pos,
-                         "token_id": EOS if pos == length - 1 else written,
-                         "first_token": pos == 0, "is_eos": pos == length - 1,
-                         "entropy_ref": float(rng.uniform(0, 3)),
-                         "topk_ids_ckpt": top[:5]})
+    for p in range(n_problems):
+        for k, kind in enumerate(("point", "point", "control")):
+            rows += [{"model": "ck", "kind": kind, "rollout_id": f"p{p}#0", "pos": k,
+                      "problem_id": f"p{p}", "rule": "result_first_wrong", "arm": a,
+                      "passes": passes_keep if a == "keep" else (passes_arm if kind == "point" else 1),
+                      "n": n, "written_token": "4", "substituted_token": "0",
+                      "wilson_low": 0.0, "wilson_high": 0.5} for a in ("keep", arm)]
     return pd.DataFrame(rows)
 
 
-def spikes_table(tokens, picks, checkpoint="ck", category=None):
-    rows = tokens.set_index(["rollout_id", "pos"]).loc[picks].reset_index()
-    return rows.assign(checkpoint=checkpoint, group="target", significant=True,
-                       category=category or [["number", "word"][i % 2] for i in range(len(rows))])
+def test_effects_carry_each_arms_wilson_interval_and_newcombes():
+    eff = branching.effects(effect_rows(3), arm="correct")
+    assert len(eff) == 9 and (eff.arm == "correct").all()
+    pts = eff[eff.kind == "point"]
+    assert list(pts.effect) == pytest.approx([11 / 16] * 6) and (pts.effect_low > 0).all()
+    assert ((eff.effect_low <= eff.effect) & (eff.effect <= eff.effect_high)).all()
+    assert {"keep_low", "keep_high", "arm_low", "arm_high"} <= set(eff.columns)
+    assert branching.effects(effect_rows(3), arm="top1").empty
+    table = narrative.point_table(eff)
+    assert table["keep (Wilson)"].iloc[0] == "1/16 [0, 0.50]"
 
 
-def test_the_alternative_is_the_checkpoints_best_other_token():
-    assert branching.preferred_alternative([7, 5, 9], written_id=5) == 7
-    assert branching.preferred_alternative([5, 7, 9], written_id=5) == 7
-    assert branching.preferred_alternative([2, 5, 9], written_id=5, exclude={2}) == 9
-    assert branching.preferred_alternative([5], written_id=5) is None
+@pytest.mark.parametrize("problems", [MIN_CLUSTERS - 1, MIN_CLUSTERS])
+def test_no_interval_from_fewer_than_five_problems(problems):
+    rows = effect_rows(problems)
+    pos = branching.effects(rows[rows.kind == "point"], arm="correct")
+    line = narrative.positive_line(branching.summary(pos, None, n_boot=200), "ck")
+    assert f"{2 * problems} first wrong digits in {problems} problems" in line
+    assert "0.0625" in line and "0.75" in line  # the arms' pass rates, pooled
+    top = effect_rows(problems, arm="top1")
+    eff = branching.effects(top, arm="top1")
+    lines = "\n".join(narrative.main_lines(branching.summary(
+        eff[eff.kind == "point"], eff[eff.kind == "control"], n_boot=200), "ck"))
+    if problems < MIN_CLUSTERS:
+        assert "too few for an interval" in line and "[" not in line
+        assert "detects a decisive token" not in line
+        assert "[" not in lines and "not compared: too few problems" in lines
+    else:  # every problem alike: the resampling interval has no width, and is not shown
+        assert "every resample gave the same value" in line and "[" not in line
 
 
-def test_select_spikes_filters_and_caps_by_category():
-    tokens = token_table()
-    picks = [("p0#0", p) for p in range(0, 20)] + [("p1#0", 3)]
-    spikes = spikes_table(tokens, picks, category=["number"] * 20 + ["rare"])
-    spikes.loc[spikes.pos == 5, "significant"] = False
-    spikes = pd.concat([spikes, spikes_table(tokens, [("p1#1", 4)], checkpoint="other")])
-    all_of_ck = branching.select_spikes(spikes, "ck")
-    assert 0 not in set(all_of_ck.pos[all_of_ck.rollout_id == "p0#0"])  # first token
-    assert 5 not in set(all_of_ck.pos) and "p1#1" not in set(all_of_ck.rollout_id)
-    capped = branching.select_spikes(spikes, "ck", max_spikes=4, seed=1)
-    assert len(capped) == 4 and "rare" in set(capped.category)  # categories take turns
-    assert capped.equals(branching.select_spikes(spikes, "ck", max_spikes=4, seed=1))
+def test_a_shown_interval_and_its_verdicts():
+    rows = effect_rows(8)
+    rows.loc[(rows.problem_id == "p0") & (rows.arm == "correct"), "passes"] = 9  # some spread
+    pos = branching.effects(rows[rows.kind == "point"], arm="correct")
+    line = narrative.positive_line(branching.summary(pos, None, n_boot=500), "ck")
+    assert "[" in line and "detects a decisive token" in line
+    top = effect_rows(8, arm="top1")
+    top.loc[(top.problem_id == "p1") & (top.arm == "top1"), "passes"] = 5
+    eff = branching.effects(top, arm="top1")
+    lines = narrative.main_lines(branching.summary(eff[eff.kind == "point"],
+                                                   eff[eff.kind == "control"], n_boot=500), "ck")
+    assert "larger at the points than at their controls" in lines[-1]
+    assert lines[1].startswith("  at their 8 matched controls (same rollout")
+    none = narrative.positive_line(branching.summary(pos.iloc[:0], None), "ck")
+    assert "cannot show that the method sees a decisive token" in none
 
 
-def test_controls_are_entropy_matched_non_spikes_preferring_the_same_rollout():
-    tokens = token_table()
-    spikes = spikes_table(tokens, [("p0#0", 5), ("p0#0", 11), ("p1#1", 7)])
-    controls = branching.match_controls(spikes, tokens, spikes, caliper=0.3, gap=2, seed=0)
-    assert len(controls) == 3 and controls[["rollout_id", "pos"]].drop_duplicates().shape[0] == 3
-    entropy = tokens.set_index(["rollout_id", "pos"]).entropy_ref
-    spike_keys = set(zip(spikes.rollout_id, spikes.pos))
-    for c in controls.itertuples():
-        assert (c.rollout_id, c.pos) not in spike_keys
-        assert all(abs(c.pos - p) > 2 for r, p in spike_keys if r == c.rollout_id)
-        assert c.pos != 0 and c.pos != 29  # neither the first token nor EOS
-        gap = abs(entropy[(c.rollout_id, c.pos)] - entropy[(c.spike_rollout_id, c.matched_pos)])
-        assert gap == pytest.approx(c.entropy_gap) and gap <= 0.3
-        assert c.match == "same_rollout" and c.rollout_id == c.spike_rollout_id
-        # the closest candidate of its rollout that no other spike took
-        cand = tokens[(tokens.rollout_id == c.rollout_id) & (tokens.pos > 0) & (tokens.pos < 29)]
-        cand = cand[[all(abs(p - q) > 2 for r, q in spike_keys if r == c.rollout_id) for p in cand.pos]]
-        best = (cand.entropy_ref - entropy[(c.spike_rollout_id, c.matched_pos)]).abs().min()
-        assert c.entropy_gap <= best + 1e-12 or len(controls[controls.rollout_id == c.rollout_id]) > 1
-
-
-def test_controls_fall_back_to_the_problem_then_to_any_problem():
-    tokens = token_table(length=6)
-    lone = tokens[(tokens.rollout_id == "p0#0") & (tokens.pos.isin([2, 3]))].copy()
-    others = tokens[tokens.rollout_id != "p0#0"]
-    spikes = spikes_table(tokens, [("p0#0", 2)])
-    tokens_without_room = pd.concat([lone, others])
-    controls = branching.match_controls(spikes, tokens_without_room, spikes, caliper=10, gap=1)
-    assert controls.match.tolist() == ["same_problem"]
-    far = tokens_without_room[tokens_without_room.problem_id != "p0"]
-    controls = branching.match_controls(spikes, pd.concat([lone, far]), spikes, caliper=10, gap=1)
-    assert controls.match.tolist() == ["other_problem"]
-    assert branching.match_controls(spikes, pd.concat([lone, far]), spikes, caliper=0.0, gap=1).empty \
-        or (far.entropy_ref == lone.entropy_ref.iloc[0]).any()
-
-
-def test_arms_and_effects():
-    tokens = token_table()
-    pts = pd.DataFrame({"rollout_id": ["p0#0", "p0#0"], "problem_id": "p0", "pos": [4, 6],
-                        "category": "number"})
-    arms = branching.branch_arms(pts, tokens, "spike", exclude={EOS})
-    assert arms.arm.tolist() == ["keep", "substitute"] * 2
-    at = tokens.set_index(["rollout_id", "pos"])
-    for a in arms[arms.arm == "substitute"].itertuples():
-        t = at.loc[(a.rollout_id, a.pos)]
-        assert a.substituted_id == [i for i in t.topk_ids_ckpt if i != t.token_id][0]
-        assert a.written_id == t.token_id
-    counted = arms.assign(model="ck", n=8, passes=[1, 6, 4, 4])
-    eff = branching.effects(counted)
-    assert eff.effect.tolist() == pytest.approx([5 / 8, 0.0])
-    assert (eff.effect_low <= eff.effect).all() and (eff.effect <= eff.effect_high).all()
-    assert eff.effect_low.iloc[0] > 0 and eff.effect_low.iloc[1] < 0 < eff.effect_high.iloc[1]
-
-
-def test_plan_covers_spikes_controls_grid_and_policies():
-    tokens = token_table()
-    rollouts = pd.DataFrame([{"rollout_id": rid, "problem_id": g.problem_id.iloc[0],
+def test_the_grid_spans_a_case_study_without_its_eos_and_policies_keep_their_problems(tok):
+    main = points.select_points(tok, NO_SPIKES, checkpoint="ck", rule=["operand"], max_points=4)
+    both = plan.combine(main, main.iloc[:0])
+    rollouts = pd.DataFrame([{"rollout_id": r, "problem_id": g.problem_id.iloc[0],
                               "response_ids": g.sort_values("pos").token_id.tolist()}
-                             for rid, g in tokens.groupby("rollout_id")])
-    spikes = spikes_table(tokens, [("p0#0", 5), ("p1#1", 7)])
-    controls = branching.match_controls(spikes, tokens, spikes)
-    cases = plan.case_studies(spikes, 1)
-    built = plan.build(spikes, controls, tokens, rollouts, {"ck": None, "ref": {"p1"}},
-                       case_study_ids=cases, grid_points=4, special={EOS})
-    ck, ref = built[built.model == "ck"], built[built.model == "ref"]
-    assert len(ck[ck.kind == "spike"]) == 4 and len(ck[ck.kind == "control"]) == 4
-    assert sorted(ck[ck.kind == "grid"].pos) == [0, 10, 19, 29]  # EOS (token 29) left out: k <= 29
-    assert set(ref.problem_id) == {"p1"}
-    assert plan.cost(built, 8).continuations.sum() == 8 * len(built)
-    kept = built.pos + (built.arm != "prefix")
-    assert plan.cost(built, 8, 40).max_new_tokens.sum() == 8 * (40 - kept).clip(lower=0).sum()
-
-
-def test_departures_stand_in_for_spikes_one_per_rollout():
-    tokens = token_table().assign(checkpoint="ck", group="target")
-    rng = np.random.default_rng(1)
-    tokens["kl_ref_ckpt"], tokens["kl_ckpt_ref"] = rng.exponential(size=(2, len(tokens)))
-    tokens.loc[tokens.pos == 0, "kl_ref_ckpt"] = 99.0  # first tokens and EOS never count
-    tokens.loc[tokens.is_eos, "kl_ckpt_ref"] = 99.0
-    got = branching.select_departures(tokens, "ck", count=3)
-    assert len(got) == 3 and got.rollout_id.is_unique
-    assert not got.first_token.any() and not got.is_eos.any()
-    eligible = tokens[~tokens.first_token & ~tokens.is_eos]
-    best = (eligible.kl_ref_ckpt + eligible.kl_ckpt_ref).groupby(eligible.rollout_id).max()
-    strength = (got.kl_ref_ckpt + got.kl_ckpt_ref).to_numpy()
-    assert sorted(strength) == pytest.approx(sorted(best.nlargest(3)))
-    assert set(got.category) == {"unclassified"}
-
-
-def test_effects_of_departures_are_labelled_as_departures():
-    rows = [{"model": "ck", "kind": kind, "rollout_id": f"r{i}", "pos": i, "problem_id": f"p{i % 4}",
-             "category": "word", "effect": 0.1 * i} for i in range(8)
-            for kind in (["departure"] if i % 2 else ["control"])]
-    got = branching.by_category(pd.DataFrame(rows), n_boot=200)
-    assert set(got.estimate) == {"departure", "control", "departure - control"}
-    with pytest.raises(ValueError, match="one kind"):
-        branching.by_category(pd.DataFrame(rows).assign(kind=["spike", "departure"] * 4))
-    assert branching.by_category(pd.DataFrame(rows).iloc[:0]).empty
+                             for r, g in tok.groupby("rollout_id")])
+    case = plan.case_studies(both, 1)
+    ids = rollouts.set_index("rollout_id").at[case[0], "response_ids"]
+    assert ids[-1] == EOS
+    some = {both.problem_id.iloc[0]}
+    built = plan.build(both, main.iloc[:0].assign(matched_pos=[], match=[]), tok, rollouts,
+                       {"ck": None, "ref": some}, case_study_ids=case, grid_points=4,
+                       special={EOS})
+    grid = built[(built.model == "ck") & (built.kind == "grid")]
+    last = len(ids) - 1  # the prefix that keeps every token but EOS
+    assert sorted(grid.pos) == sorted({round(i * last / 3) for i in range(4)})
+    assert (grid.rollout_id == case[0]).all() and (grid.arm == "prefix").all()
+    assert set(built[built.model == "ref"].problem_id) <= some
+    assert len(built[built.model == "ck"]) > len(built[built.model == "ref"]) > 0

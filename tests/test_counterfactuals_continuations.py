@@ -123,3 +123,46 @@ def test_branch_response_and_bad_arguments():
         C.branch_response([5, 6, 7], 4, None)
     with pytest.raises(ValueError, match="same number of seeds"):
         C.continue_contexts(None, None, [C.Context((1,), (), 4)] * 2, [[1], [1, 2]], 1.0)
+
+
+def test_a_continuation_cap_limits_each_row_below_the_response_limit(tiny):
+    _, model, tok = tiny
+    ctx, seeds = contexts_and_seeds(tok, n=2, limit=40)
+    capped = [C.Context(c.prompt_ids, c.response_ids, c.max_new_tokens, 5) for c in ctx]
+    assert all(c.budget == 5 for c in capped)
+    assert C.Context((1,), (2,) * 38, 40, 5).budget == 2  # the response limit still holds
+    out = C.continue_contexts(model, tok, capped, seeds, 1.0, batch_rows=8)
+    for per in out:
+        for ids, reason in per:
+            assert len(ids) <= 5 and (reason == "stop" or len(ids) == 5)
+
+
+def test_a_row_stops_once_its_own_text_closes_a_box(tiny):
+    _, _, tok = tiny
+    watch = C.BoxWatch(tok)
+    new = tok.encode(" so \\boxed{12} and more", add_special_tokens=False)
+    closed = [j for j in range(1, len(new) + 1) if watch.closed(new[:j])]
+    assert closed and tok.decode(new[:closed[0]]).rstrip().endswith("}")
+    assert "}" not in tok.decode(new[:closed[0] - 1])
+    assert not any(watch.closed(new[:j]) for j in range(closed[0]))
+    other = tok.encode(" no box {at} all", add_special_tokens=False)  # braces, no box
+    assert not any(watch.closed(other[:j]) for j in range(len(other) + 1))
+
+
+def test_box_stops_cut_each_row_after_its_box(tiny, monkeypatch):
+    """Rows that close a box end there ("box"), the others run on; the box is the
+    continuation's own: the context's box stops nothing."""
+    _, model, tok = tiny
+    ctx, seeds = contexts_and_seeds(tok, n=4, limit=30)
+    plain = C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=8)
+    closing = {t for per in plain for ids, _ in per for t in ids if "}" in tok.decode([t])}
+    assert closing, "the tiny model writes no closing brace: pick other seeds"
+    monkeypatch.setattr(C.grading, "extract_boxed", lambda text: ["x"] if "}" in text else [])
+    boxed = C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=8, stop_at_box=True)
+    stopped = 0
+    for per_plain, per_boxed in zip(plain, boxed):
+        for (ids, reason), got in zip(per_plain, per_boxed):
+            first = next((j for j, t in enumerate(ids) if t in closing), None)
+            assert got == ((ids, reason) if first is None else (ids[:first + 1], "box"))
+            stopped += first is not None
+    assert stopped  # some rows did stop at their box

@@ -95,36 +95,49 @@ def _effects_frame(seed=2):
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(60):
-        kind = "spike" if i % 2 == 0 else "control"
-        rows.append({"model": "ck", "kind": kind, "rollout_id": f"r{i % 9}", "pos": i,
-                     "problem_id": f"p{i % 7}", "category": ["number", "word", "symbol"][i % 3],
-                     "effect": float(rng.normal(0.3 if kind == "spike" else 0.0, 0.2))})
+        kind = "point" if i % 2 == 0 else "control"
+        rows.append({"model": "ck", "kind": kind, "arm": "top1", "rollout_id": f"r{i % 9}",
+                     "pos": i, "problem_id": f"p{i % 7}",
+                     "rule": ["operand", "spikes", "result_correct"][i % 3],
+                     "passes_keep": 4, "n_keep": 16, "passes_arm": 8, "n_arm": 16,
+                     "effect": float(rng.normal(0.3 if kind == "point" else 0.0, 0.2))})
     return pd.DataFrame(rows)
 
 
-def test_by_category_equals_a_plain_recomputation():
+def _summary(eff, **kw):
+    return branching.summary(eff[eff.kind == "point"], eff[eff.kind == "control"], **kw)
+
+
+def test_summary_equals_a_plain_recomputation():
     eff = _effects_frame()
-    got = branching.by_category(eff, n_boot=400, seed=3)
-    assert set(got["category"]) == {"number", "word", "symbol", "all"}
+    got = _summary(eff, n_boot=400, seed=3)
+    assert set(got["group"]) == {"operand", "spikes", "result_correct", "all"}
     for row in got.itertuples():
-        part = eff if row.category == "all" else eff[eff.category == row.category]
-        spikes, controls = part[part.kind == "spike"], part[part.kind == "control"]
-        if row.estimate == "spike - control":
-            want = _plain_difference(spikes.effect.to_numpy(), spikes.problem_id.to_numpy(),
+        part = eff if row.group == "all" else eff[eff.rule == row.group]
+        points, controls = part[part.kind == "point"], part[part.kind == "control"]
+        key = (3, "ck", "top1", row.group)
+        if row.estimate == "point - control":
+            want = _plain_difference(points.effect.to_numpy(), points.problem_id.to_numpy(),
                                      controls.effect.to_numpy(), controls.problem_id.to_numpy(),
-                                     400, 0.05, seed_from(3, "ck", row.category, "diff"))
+                                     400, 0.05, seed_from(*key, "diff"))
             assert row.branches == len(part)
         else:
-            sel = spikes if row.estimate == "spike" else controls
+            sel = points if row.estimate == "point" else controls
             assert row.mean == pytest.approx(sel.effect.mean(), abs=1e-12)
             assert row.branches == len(sel) and row.problems == sel.problem_id.nunique()
+            assert row.rate_keep == pytest.approx(0.25) and row.rate_arm == pytest.approx(0.5)
             want = cluster_bootstrap_ci(sel.effect.to_numpy(), sel.problem_id.to_numpy(), 400,
-                                        0.05, seed_from(3, "ck", row.category, row.estimate))
+                                        0.05, seed_from(*key, row.estimate))
         assert (row.mean, row.low, row.high) == pytest.approx(want, abs=1e-12)
 
 
-def test_by_category_sees_a_planted_difference():
-    got = branching.by_category(_effects_frame(), n_boot=1000, seed=0).set_index(
-        ["category", "estimate"])
-    diff = got.loc[("all", "spike - control")]
+def test_summary_sees_a_planted_difference():
+    got = _summary(_effects_frame(), n_boot=1000, seed=0).set_index(["group", "estimate"])
+    diff = got.loc[("all", "point - control")]
     assert diff["low"] > 0 and diff["mean"] == pytest.approx(0.3, abs=0.1)
+
+
+def test_summary_without_controls_has_the_points_only():
+    eff = _effects_frame()
+    got = branching.summary(eff[eff.kind == "point"], None, n_boot=100)
+    assert set(got.estimate) == {"point"} and (got.arm == "top1").all()

@@ -47,8 +47,8 @@ def suite(tmp_path, monkeypatch, tiny):
     plan = pd.DataFrame([
         {"model": "tiny", "rollout_id": f"p{i}#0", "problem_id": f"p{i}", "kind": kind, "pos": 4,
          "arm": arm, "substituted_id": tok.encode(" 7", add_special_tokens=False)[0]
-         if arm == "substitute" else None, "category": "number"}
-        for i in range(3) for kind, arm in (("departure", "keep"), ("departure", "substitute"),
+         if arm == "top1" else None, "category": "number"}
+        for i in range(3) for kind, arm in (("point", "keep"), ("point", "top1"),
                                             ("grid", "prefix"))])
     gold = {f"p{i}": str(i + 3) for i in range(3)}
     settings = table.branches_settings(P, plan, "rollouts-sha", checkpoint="rlvr_step_1200",
@@ -70,7 +70,7 @@ def never(name):
 
 def test_written_keyed_reused_and_refused_when_stale(suite, tiny):
     first = run(suite, tiny)
-    assert len(first) == len(suite["plan"]) and set(first.kind) == {"departure", "grid"}
+    assert len(first) == len(suite["plan"]) and set(first.kind) == {"point", "grid"}
     assert (first.n == 2).all() and first.seeds.map(len).eq(2).all()
     assert not table.paths.table_dir("demo", "branches_shards").exists()  # shards folded in
     again = run(suite, tiny, loader=never)  # same inputs: reused

@@ -124,7 +124,7 @@ def test_locate_drop_leaves_a_noise_dip_alone():
 def test_curve_drops_name_the_branch_points_inside_the_drop():
     rows = [{"model": "ck", "rollout_id": "r", "kind": "grid", "arm": "prefix", "pos": k,
              "prefix_len": k, "n": 20, "passes": 19 if k < 40 else 1} for k in range(0, 80, 10)]
-    rows += [{"model": "ck", "rollout_id": "r", "kind": "departure", "arm": "keep", "pos": 33,
+    rows += [{"model": "ck", "rollout_id": "r", "kind": "point", "arm": "keep", "pos": 33,
               "prefix_len": 34, "n": 20, "passes": 1},
              {"model": "ck", "rollout_id": "r", "kind": "control", "arm": "keep", "pos": 5,
               "prefix_len": 6, "n": 20, "passes": 19}]
@@ -132,4 +132,4 @@ def test_curve_drops_name_the_branch_points_inside_the_drop():
                                          wilson_high=1.0)
     got = takeover.curve_drops(branches, ["r"]).iloc[0]
     assert got["drop"] and (got.drop_after, got.drop_at) == (30, 34)
-    assert got.points_inside == "departure @ 33" and got.start == pytest.approx(0.95)
+    assert got.points_inside == "point @ 33" and got.start == pytest.approx(0.95)

@@ -10,7 +10,8 @@ functions alike, with ``ast``; nothing is imported to check):
   foundation  suite/, tables/: what a suite is and how results are kept; import each
               other and base only
   helpers     views (pandas displays every stage shows), distributed (worker processes for
-              any stage): import foundation and base only, so that any stage may use them
+              any stage), reporting (how every chapter prints an estimate): import
+              foundation and base only, so that any stage may use them
   stages      problems <- generation <- forcing <- divergence <- spikes <- render and
               counterfactuals: each imports foundation, base, helpers and earlier stages;
               render and counterfactuals are siblings (chapters 06-07 and 08) and neither

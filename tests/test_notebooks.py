@@ -169,16 +169,19 @@ def test_chapter_04_prints_the_t1_check_and_the_phase_order_from_its_tables(smal
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_chapter_08_branches_prints_its_cost_first_and_writes_a_keyed_table(small_book, monkeypatch):
+    from rlprobe_nb.counterfactuals import points
+
     figures, data = small_book["figures"], small_book["data"]
     assert (figures / "08_counterfactuals.html").exists(), small_book["log"][-3000:]
     text = outputs(figures / "08_counterfactuals.ipynb")
     assert text.index("to sample:") < text.index("sampled and graded:"), "cost before sampling"
     branches = storage.read_table(data / "branches")
-    point = "spike" if "spike" in set(branches.kind) else "departure"
-    assert {point, "control", "grid"} <= set(branches.kind) and (branches.n == 2).all()
-    if point == "departure":
-        assert "departure (not a significant spike)" in text
-    assert f"{point} - control: mean effect" in text
+    assert {"point", "grid"} <= set(branches.kind) and (branches.n == 2).all()
+    assert set(branches.arm) <= {"prefix", "keep", "top1", "correct"}
+    assert set(branches.rule.dropna()) <= set(points.SOURCES) | {points.POSITIVE_RULE}
+    assert "format" not in set(branches[branches.kind == "point"].ground_truth)
+    # the positive control is read before the main result
+    assert text.index("positive control (rlvr_step_1200)") < text.index("main result (rlvr_step_1200)")
     assert (figures / "08_takeover.svg").exists() and (figures / "08_takeover.png").exists()
     monkeypatch.setenv("RLPROBE_OUT", small_book["env"]["RLPROBE_OUT"])
     monkeypatch.setenv("RLPROBE_PARAMS", small_book["env"]["RLPROBE_PARAMS"])

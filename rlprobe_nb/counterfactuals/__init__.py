@@ -1,32 +1,40 @@
-"""Counterfactual branching: does the token where a checkpoint disagrees decide the answer?
+"""Counterfactual branching: does a token decide the answer?
 
 Divergence says where a checkpoint *would* write something else, not that it matters.
 Here a model continues a reference rollout from a prefix many times, and the
 continuations are graded:
 
+    points            where to branch, chosen by content (spikes, then ground-truth
+                      labels; format tokens only on request), the checkpoint's real
+                      alternative at each token, the correct digit at first wrong digits
     continuations     seeded continuations of prompt + response[:k] (+ a swapped token),
-                      the prefix's key/value cache shared by its n samples
+                      the prefix's key/value cache shared by its n samples; ended at EOS,
+                      a limit, or (on request) the first box they close
     passes            a plan of contexts -> graded pass counts with Wilson intervals
+    branching         keep vs top-1 alternative vs correct digit; entropy- and
+                      category-matched controls from the same rollout; effects with
+                      Newcombe intervals; means clustered by problem
+    narrative         the positive control's and the main result's sentences, through
+                      ``reporting`` (no interval from fewer than five problems)
     takeover          takeover curves (pass rate by prefix length) and where they drop
-    branching         keep vs substitute at spikes (or, where none is significant, the
-                      strongest departures, labelled so) and entropy-matched controls;
-                      effects with Newcombe intervals, by category with a bootstrap over
-                      problems
     intervals         Newcombe's interval; bootstrap difference of two means by problem
-    plan              what is sampled (points, controls, takeover grids) and its cost
+    plan              what is sampled (points' arms, controls, takeover grids) and its cost
     table             the ``branches`` table: keyed on the token tables, resumable shards
-    edits, positive_control   planted wrong results: the drop must be where they are
-    charts            takeover curves with spikes marked; forest plot by category
+    edits, positive_control   planted wrong results: a takeover curve must drop where
+                      they are (a slow test of the takeover curves)
+    charts            takeover curves, the positive control point by point, forest plot
 """
 
-from rlprobe_nb.counterfactuals import (  # noqa: F401  # noqa: F401
+from rlprobe_nb.counterfactuals import (  # noqa: F401
     branching,
     charts,
     continuations,
     edits,
     intervals,
+    narrative,
     passes,
     plan,
+    points,
     positive_control,
     table,
     takeover,

@@ -1,30 +1,36 @@
-"""Branching at a token: does the token the checkpoint disagrees with decide the answer?
+"""Branching at a token: does the token decide the answer?
 
-At a position ``pos`` of a rollout, two arms are continued by the same policy:
+At a point ``pos`` of a rollout (``points``: where and why), arms are continued by the
+same policy, ``n`` times each:
 
-    keep        prompt + response[:pos + 1]                (the written token)
-    substitute  prompt + response[:pos] + [alternative]    (the checkpoint's preferred token)
+    keep      prompt + response[:pos + 1]             the written token
+    top1      prompt + response[:pos] + [alternative] the checkpoint's most probable real
+                                                      alternative (``points.real_alternative``)
+    correct   prompt + response[:pos] + [digit]       first wrong digits only: the digit the
+                                                      labeller says is right there
 
-The alternative is the checkpoint's most probable token other than the written one, from
-its top-k at that position (special tokens such as EOS are passed over: a branch that
-ends the response has nothing to continue). The *effect* of the branch is
-pass rate(substitute) − pass rate(keep), with Newcombe's interval for a difference of
-two independent proportions.
+The *effect* of an arm is pass rate(arm) − pass rate(keep), with Newcombe's interval for
+a difference of two independent proportions; each arm's own pass rate has its Wilson
+interval.
 
-Spikes say where the checkpoint disagrees; a positive effect at a spike in a wrong
-reference rollout says that writing what the checkpoint prefers there would have led to
-right answers more often. An effect means little alone: the same branching is done at
-*control* positions, tokens of the same rollouts (else the same problem, else any
-problem) that are not spikes, matched on the reference's entropy (a confident position
-and an uncertain one differ in how much any swap changes), and where the checkpoint's
-preferred alternative is swapped in just the same. Effects are averaged by spike category
-with a bootstrap over problems, and spikes are compared with their controls.
+Two questions, two comparisons:
 
-Small suites may have no significant spike at all (chapter 05's test needs many contexts
-for Benjamini–Hochberg). Then, as in chapter 06, the strongest *departures* of the
-checkpoint stand in (``select_departures``: the largest symmetric KL, one per rollout,
-first and EOS tokens left out), with kind "departure" wherever they appear: they are
-where the checkpoint disagrees most, not tokens shown to be surprising.
+- **positive control**: at first wrong digits, ``correct`` − ``keep``. Where the answer
+  is copied from a wrong result, writing the right digit there must lift the pass rate.
+  If it does not, the method cannot see a decisive token, and a null main result says
+  nothing.
+- **main result**: at the points, ``top1`` − ``keep``, beside the same at *controls*:
+  tokens of the same rollout and the same category (chapter 04's classes), matched on
+  the reference's entropy, that no rule marks as decisive (not a point or spike nor
+  within ``gap`` tokens of one, not a first wrong digit, not a format token) and that have
+  a real alternative too. A control says how much swapping in the checkpoint's
+  preference changes at a token of that kind and uncertainty anyway.
+
+Means over points are clustered by problem (a problem's points share its difficulty and
+rollouts): a bootstrap that resamples problems, and for point − control one that
+resamples them once for both. ``summary`` reports them; a reader sees them through
+``narrative``, which shows no interval from fewer than ``reporting.MIN_CLUSTERS``
+problems.
 """
 
 from __future__ import annotations
@@ -32,196 +38,125 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rlprobe_nb.counterfactuals.intervals import (
-    cluster_bootstrap_difference,
-    newcombe_ci,
-)
+from rlprobe_nb.counterfactuals.intervals import cluster_bootstrap_difference, newcombe_ci
+from rlprobe_nb.counterfactuals.points import FIRST_WRONG, eligible
 from rlprobe_nb.statistics import cluster_bootstrap_ci, seed_from
 
-MATCH_LEVELS = ("same_rollout", "same_problem", "other_problem")
+ARMS = ("keep", "top1", "correct")
+MATCH_LEVELS = ("category", "entropy")  # same rollout always; same category, else any
 
 
-def preferred_alternative(topk_ids, written_id: int, exclude: set[int] = frozenset()) -> int | None:
-    """The checkpoint's most probable token other than the written one (and not in
-    ``exclude``), from its top-k list sorted by probability; None if there is none."""
-    for t in topk_ids:
-        if int(t) != int(written_id) and int(t) not in exclude:
-            return int(t)
-    return None
+def _near(keys: set, gap: int) -> set:
+    return {(r, p + d) for r, p in keys for d in range(-gap, gap + 1)}
 
 
-def select_spikes(spikes: pd.DataFrame, checkpoint: str, groups=("target",),
-                  max_spikes: int | None = None, seed: int = 0) -> pd.DataFrame:
-    """The spikes of ``checkpoint`` to branch at: significant at that checkpoint (where the
-    table marks it), in rollouts of ``groups``, first response tokens left out (they depend
-    on the prompt alone). ``max_spikes`` caps them with a seeded draw that takes the
-    categories in turn, so a rare category is not crowded out by a common one."""
-    rows = spikes[spikes["checkpoint"] == checkpoint]
-    if "significant" in rows:
-        rows = rows[rows["significant"].astype(bool)]
-    if "first_token" in rows:
-        rows = rows[~rows["first_token"].astype(bool)]
-    if "group" in rows and groups is not None:
-        rows = rows[rows["group"].isin(list(groups))]
-    rows = rows.drop_duplicates(["rollout_id", "pos"]).assign(
-        category=lambda d: d["category"].fillna("unclassified"))
-    if max_spikes is None or len(rows) <= max_spikes:
-        return rows.sort_values(["rollout_id", "pos"]).reset_index(drop=True)
-    rng = np.random.default_rng(seed_from("select_spikes", seed, checkpoint))
-    queues = {c: list(g.index[rng.permutation(len(g))]) for c, g in rows.groupby("category")}
-    chosen: list = []
-    while len(chosen) < max_spikes:
-        for c in sorted(queues):
-            if queues[c] and len(chosen) < max_spikes:
-                chosen.append(queues[c].pop(0))
-    return rows.loc[chosen].sort_values(["rollout_id", "pos"]).reset_index(drop=True)
-
-
-def select_departures(tokens: pd.DataFrame, checkpoint: str, groups=("target",),
-                      count: int = 8) -> pd.DataFrame:
-    """The stand-ins for spikes when none is significant: the ``count`` tokens of
-    ``checkpoint`` with the largest KL(ref‖ckpt) + KL(ckpt‖ref), one per rollout, first
-    response tokens and EOS left out, in rollouts of ``groups`` (chapter 06's rule).
-    ``tokens``: the per-token table (a ``category`` column is carried when present)."""
-    rows = tokens[tokens["checkpoint"] == checkpoint]
-    if "group" in rows and groups is not None:
-        rows = rows[rows["group"].isin(list(groups))]
-    rows = rows[~rows["first_token"].astype(bool) & ~rows["is_eos"].astype(bool)]
-    rows = rows.assign(strength=rows["kl_ref_ckpt"].astype(np.float64) + rows["kl_ckpt_ref"])
-    rows = rows.sort_values(["strength", "rollout_id", "pos"], ascending=[False, True, True])
-    picked = rows.drop_duplicates("rollout_id").head(int(count))
-    if "category" not in picked:
-        picked = picked.assign(category="unclassified")
-    picked = picked.assign(category=picked["category"].astype(object).fillna("unclassified"))
-    return picked.sort_values(["rollout_id", "pos"]).reset_index(drop=True)
-
-
-def _candidates(tokens: pd.DataFrame, spike_keys: set, gap: int) -> pd.DataFrame:
-    """Positions that may serve as controls: not a spike nor within ``gap`` tokens of one,
-    not the first response token, not EOS."""
-    near = {(r, p + d) for r, p in spike_keys for d in range(-gap, gap + 1)}
-    keys = list(zip(tokens["rollout_id"], tokens["pos"]))
-    ok = ~tokens["first_token"].astype(bool) & ~tokens["is_eos"].astype(bool)
-    ok &= np.array([k not in near for k in keys])
+def control_pool(tokens: pd.DataFrame, avoid: set, gap: int = 2,
+                 include_format: bool = False) -> pd.DataFrame:
+    """Tokens that may serve as controls: branchable (``points.eligible``), not a first
+    wrong digit, not within ``gap`` tokens of any (rollout_id, pos) in ``avoid``."""
+    near = _near(avoid, gap)
+    ok = eligible(tokens, include_format) & (tokens["ground_truth"] != FIRST_WRONG)
+    ok &= np.array([(r, int(p)) not in near for r, p in zip(tokens["rollout_id"], tokens["pos"])],
+                   dtype=bool)
     return tokens[ok]
 
 
-def match_controls(selected: pd.DataFrame, tokens: pd.DataFrame, all_spikes: pd.DataFrame,
-                   caliper: float = 0.25, gap: int = 2, seed: int = 0) -> pd.DataFrame:
-    """One control position per selected spike, matched on the reference's entropy.
-
-    ``tokens`` is the checkpoint's token table (entropy_ref, first_token, is_eos).
-    Candidates are tokens that are not spikes at any step (``all_spikes``) nor within
-    ``gap`` tokens of one. For each spike, the nearest entropy within ``caliper`` nats is
-    taken from the same rollout if there is one, else from the same problem, else from
-    any problem; each control serves one spike. Returns one row per matched spike:
-    rollout_id, problem_id, pos (the control), spike_rollout_id, matched_pos (the
-    spike), match (level), entropy_ref, entropy_gap and the spike's category; spikes
-    without a match are left out (count them against ``selected``)."""
-    spike_keys = set(zip(all_spikes["rollout_id"], all_spikes["pos"]))
-    pool = _candidates(tokens, spike_keys, gap)[["rollout_id", "problem_id", "pos",
-                                                 "entropy_ref"]].copy()
-    pool["tie"] = np.random.default_rng(seed_from("controls", seed)).random(len(pool))
-    entropy = tokens.set_index(["rollout_id", "pos"])["entropy_ref"]
+def match_controls(points: pd.DataFrame, tokens: pd.DataFrame, avoid: set,
+                   caliper: float = 0.25, gap: int = 2, seed: int = 0,
+                   include_format: bool = False) -> pd.DataFrame:
+    """One control per point, from the point's own rollout: the token of the same
+    category whose reference entropy is nearest the point's (within ``caliper`` nats),
+    else of any category (``match``: "category" or "entropy"); ties broken by a seeded
+    draw; each control serves one point. ``avoid``: (rollout_id, pos) of every point and
+    spike. Returns the controls' token rows with ``matched_pos`` (the point), ``match``,
+    ``entropy_gap`` and the point's ``rule``; points without a match are left out."""
+    pool = control_pool(tokens, avoid | set(zip(points["rollout_id"], points["pos"])), gap,
+                        include_format)
+    pool = pool.assign(tie=np.random.default_rng(seed_from("controls", seed)).random(len(pool)))
     used: set = set()
     rows = []
-    for s in selected.itertuples():
-        e = float(entropy.get((s.rollout_id, s.pos), np.nan))
-        if np.isnan(e):
-            continue
-        near = pool[(pool["entropy_ref"] - e).abs() <= caliper]
-        for level, where in zip(MATCH_LEVELS, (near["rollout_id"] == s.rollout_id,
-                                               near["problem_id"] == s.problem_id,
-                                               pd.Series(True, index=near.index))):
-            options = near[where & ~near.index.isin(list(used))]
+    for p in points.itertuples():
+        mine = pool[(pool["rollout_id"] == p.rollout_id) & ~pool.index.isin(list(used))]
+        mine = mine.assign(entropy_gap=(mine["entropy_ref"] - p.entropy_ref).abs())
+        mine = mine[mine["entropy_gap"] <= caliper]
+        for level, options in zip(MATCH_LEVELS, (mine[mine["category"] == p.category], mine)):
             if len(options):
-                gap_e = (options["entropy_ref"] - e).abs()
-                best = options.assign(g=gap_e).sort_values(["g", "tie"]).iloc[0]
+                best = options.sort_values(["entropy_gap", "tie"]).iloc[0]
                 used.add(best.name)
-                rows.append({"rollout_id": best.rollout_id, "problem_id": best.problem_id,
-                             "pos": int(best.pos), "spike_rollout_id": s.rollout_id,
-                             "matched_pos": int(s.pos), "match": level,
-                             "category": getattr(s, "category", None),
-                             "entropy_ref": float(best.entropy_ref), "entropy_gap": float(best.g)})
+                rows.append({**best.drop("tie").to_dict(), "matched_pos": int(p.pos),
+                             "match": level, "rule": p.rule})
                 break
-    return pd.DataFrame(rows, columns=["rollout_id", "problem_id", "pos", "spike_rollout_id",
-                                       "matched_pos", "match", "category", "entropy_ref",
-                                       "entropy_gap"])
+    columns = list(tokens.columns) + ["entropy_gap", "matched_pos", "match", "rule"]
+    return pd.DataFrame(rows, columns=list(dict.fromkeys(columns)))
 
 
-def branch_arms(points: pd.DataFrame, tokens: pd.DataFrame, kind: str,
-                exclude: set[int] = frozenset()) -> pd.DataFrame:
-    """The keep and substitute arms at each of ``points`` (rollout_id, problem_id, pos,
-    and any extra columns to carry), the alternative taken from the checkpoint's top-k in
-    ``tokens``. Points without an alternative are dropped."""
-    at = tokens.set_index(["rollout_id", "pos"])
-    rows = []
-    for p in points.to_dict("records"):
-        t = at.loc[(p["rollout_id"], p["pos"])]
-        alt = preferred_alternative(t["topk_ids_ckpt"], int(t["token_id"]), exclude)
-        if alt is None:
-            continue
-        base = {**p, "kind": kind, "written_id": int(t["token_id"]),
-                "entropy_ref": float(t["entropy_ref"])}
-        rows.append({**base, "arm": "keep", "substituted_id": None})
-        rows.append({**base, "arm": "substitute", "substituted_id": alt})
-    return pd.DataFrame(rows)
-
-
-def effects(branches: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
-    """One row per branch point (model, kind, rollout_id, pos): both arms' passes and n,
-    effect = pass rate(substitute) − pass rate(keep) and Newcombe's interval."""
+def effects(branches: pd.DataFrame, arm: str = "top1", alpha: float = 0.05) -> pd.DataFrame:
+    """One row per branched token (model, kind, rollout_id, pos) that has both ``keep``
+    and ``arm``: each arm's passes, n and Wilson interval, effect = pass rate(arm) −
+    pass rate(keep) and Newcombe's interval."""
     ids = ["model", "kind", "rollout_id", "pos"]
-    carry = [c for c in ("problem_id", "category", "match", "matched_pos", "entropy_ref",
-                         "written_id") if c in branches]
-    arms = branches[branches["arm"].isin(["keep", "substitute"])]
-    keep = arms[arms["arm"] == "keep"].set_index(ids)
-    sub = arms[arms["arm"] == "substitute"].set_index(ids)
-    both = keep.index.intersection(sub.index)
+    carry = [c for c in ("problem_id", "rule", "category", "ground_truth", "result_is_answer",
+                         "match", "matched_pos", "entropy_ref", "written_token") if c in branches]
+    keep = branches[branches["arm"] == "keep"].set_index(ids)
+    other = branches[branches["arm"] == arm].set_index(ids)
+    both = keep.index.intersection(other.index)
     out = keep.loc[both, carry].copy()
-    out["substituted_id"] = sub.loc[both, "substituted_id"].astype("Int64")
-    for name, arm in (("keep", keep), ("sub", sub)):
-        out[f"passes_{name}"] = arm.loc[both, "passes"].astype(int)
-        out[f"n_{name}"] = arm.loc[both, "n"].astype(int)
-    ci = [newcombe_ci(ks, ns, kk, nk, alpha) for ks, ns, kk, nk in
-          zip(out.passes_sub, out.n_sub, out.passes_keep, out.n_keep)]
-    out["effect"], out["effect_low"], out["effect_high"] = (list(x) for x in zip(*ci)) if ci \
-        else ([], [], [])
+    out["arm"] = arm
+    out["substituted_token"] = other.loc[both, "substituted_token"]
+    for name, rows in (("keep", keep), ("arm", other)):
+        out[f"passes_{name}"] = rows.loc[both, "passes"].astype(int)
+        out[f"n_{name}"] = rows.loc[both, "n"].astype(int)
+        out[f"{name}_low"] = rows.loc[both, "wilson_low"].astype(float)
+        out[f"{name}_high"] = rows.loc[both, "wilson_high"].astype(float)
+    ci = [newcombe_ci(ka, na, kk, nk, alpha) for ka, na, kk, nk in
+          zip(out.passes_arm, out.n_arm, out.passes_keep, out.n_keep)]
+    out["effect"], out["effect_low"], out["effect_high"] = (
+        (list(x) for x in zip(*ci)) if ci else ([], [], []))
     return out.reset_index()
 
 
-def point_kind(effects_df: pd.DataFrame) -> str:
-    """The kind of the branch points compared with the controls: "spike" or, where no
-    spike was significant, "departure" (one of the two per table)."""
-    kinds = sorted(set(effects_df["kind"]) - {"control"})
-    if len(kinds) > 1:
-        raise ValueError(f"one kind of branch point per comparison, got {kinds}")
-    return kinds[0] if kinds else "spike"
+def _mean(part: pd.DataFrame, n_boot: int, alpha: float, seed: int) -> dict:
+    mean, low, high = cluster_bootstrap_ci(part["effect"].to_numpy(float),
+                                           part["problem_id"].to_numpy(), n_boot, alpha, seed)
+    rate = {"rate_keep": float(part["passes_keep"].sum() / part["n_keep"].sum()),
+            "rate_arm": float(part["passes_arm"].sum() / part["n_arm"].sum())} if len(part) \
+        else {"rate_keep": np.nan, "rate_arm": np.nan}
+    return {"branches": len(part), "problems": part["problem_id"].nunique(), "mean": mean,
+            "low": low, "high": high, **rate}
 
 
-def by_category(effects_df: pd.DataFrame, n_boot: int = 2000, alpha: float = 0.05,
-                seed: int = 0) -> pd.DataFrame:
-    """Mean effect by (model, category) for the branch points (spikes, or departures where
-    no spike was significant) and for their controls, each with a bootstrap over
-    problems, and the difference point − control (problems resampled once for both),
-    labelled e.g. "spike - control". A category "all" pools every branch."""
-    kind = point_kind(effects_df)
-    pooled = pd.concat([effects_df, effects_df.assign(category="all")], ignore_index=True)
+SUMMARY_COLUMNS = ["model", "arm", "group", "estimate", "branches", "problems", "mean", "low",
+                   "high", "rate_keep", "rate_arm"]
+
+
+def summary(point_effects: pd.DataFrame, control_effects: pd.DataFrame | None = None,
+            by: str = "rule", n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
+            ) -> pd.DataFrame:
+    """Mean effect by (model, ``by``) and over all ("all"): at the points ("point"), at
+    their controls ("control") and the difference ("point - control", problems resampled
+    once for both), each with a bootstrap interval over problems. Controls count in the
+    group of their point. Without controls, the points' rows only."""
+    controls = control_effects if control_effects is not None else point_effects.iloc[:0]
+    arm = point_effects["arm"].iloc[0] if len(point_effects) else "top1"
     rows = []
-    for (model, cat), g in pooled.groupby(["model", "category"], sort=True):
-        points, controls = g[g["kind"] == kind], g[g["kind"] == "control"]
-        for label, part in ((kind, points), ("control", controls)):
-            mean, low, high = cluster_bootstrap_ci(part["effect"].to_numpy(float),
-                                                   part["problem_id"].to_numpy(), n_boot,
-                                                   alpha, seed_from(seed, model, cat, label))
-            rows.append({"model": model, "category": cat, "estimate": label,
-                         "branches": len(part), "problems": part["problem_id"].nunique(),
-                         "mean": mean, "low": low, "high": high})
-        diff = cluster_bootstrap_difference(points["effect"], points["problem_id"],
-                                            controls["effect"], controls["problem_id"],
-                                            n_boot, alpha, seed_from(seed, model, cat, "diff"))
-        rows.append({"model": model, "category": cat, "estimate": f"{kind} - control",
-                     "branches": len(g), "problems": g["problem_id"].nunique(),
-                     "mean": diff[0], "low": diff[1], "high": diff[2]})
-    return pd.DataFrame(rows, columns=["model", "category", "estimate", "branches", "problems",
-                                       "mean", "low", "high"])
+    for model in sorted(set(point_effects["model"]) | set(controls["model"])):
+        pts, ctl = point_effects[point_effects.model == model], controls[controls.model == model]
+        groups = [("all", pts, ctl)] + [(g, pts[pts[by] == g], ctl[ctl[by] == g])
+                                         for g in sorted(set(pts[by]) | set(ctl[by]))]
+        for group, p, c in groups:
+            key = (seed, model, arm, group)
+            rows.append({"model": model, "arm": arm, "group": group, "estimate": "point",
+                         **_mean(p, n_boot, alpha, seed_from(*key, "point"))})
+            if control_effects is None:
+                continue
+            rows.append({"model": model, "arm": arm, "group": group, "estimate": "control",
+                         **_mean(c, n_boot, alpha, seed_from(*key, "control"))})
+            diff = cluster_bootstrap_difference(p["effect"], p["problem_id"], c["effect"],
+                                                c["problem_id"], n_boot, alpha,
+                                                seed_from(*key, "diff"))
+            both = pd.concat([p["problem_id"], c["problem_id"]])
+            rows.append({"model": model, "arm": arm, "group": group,
+                         "estimate": "point - control", "branches": len(p) + len(c),
+                         "problems": both.nunique(), "mean": diff[0], "low": diff[1],
+                         "high": diff[2], "rate_keep": np.nan, "rate_arm": np.nan})
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)

@@ -43,14 +43,17 @@ def plan_records(plan: pd.DataFrame) -> list[dict]:
 
 
 def branches_settings(P: Params, plan: pd.DataFrame, rollouts_sha: str, *, checkpoint: str,
-                      n: int, temperature: float, max_new_tokens: int, seed: int) -> dict:
+                      n: int, temperature: float, max_new_tokens: int, seed: int,
+                      continuation_tokens: int | None = None, stop_at_box: bool = False) -> dict:
     """Everything the rows of a branches run depend on besides the token tables."""
     names = sorted(plan["model"].unique())
     return {"checkpoint": checkpoint, "rollouts": rollouts_sha,
             "models": {m: models.model_identity(m, P) for m in names},
             "plan": keys.key_sha(plan_records(plan)), "rows": len(plan),
             "sampling": {"n": int(n), "temperature": float(temperature),
-                         "max_new_tokens": int(max_new_tokens), "seed": int(seed)},
+                         "max_new_tokens": int(max_new_tokens), "seed": int(seed),
+                         "continuation_tokens": continuation_tokens,
+                         "stop_at_box": bool(stop_at_box)},
             "template": P.prompt_template, "dtype": P.runtime.dtype,
             "grader": {"timeout_s": P.grading.timeout_s,
                        **{p: lineage.package_version(p) for p in lineage.GRADER_PACKAGES}}}
@@ -74,28 +77,34 @@ def shard_jobs(plan: pd.DataFrame, rollouts_per_shard: int,
 
 
 def to_rows(counted: pd.DataFrame, tokenizer, *, suite: str, checkpoint: str,
-            temperature: float, max_new_tokens: int, seed: int) -> pd.DataFrame:
+            temperature: float, max_new_tokens: int, seed: int,
+            continuation_tokens: int | None = None) -> pd.DataFrame:
     """pass_counts' output in the table's columns."""
     def text(ids):
         return [None if pd.isna(i) else tokenizer.decode([int(i)]) for i in ids]
 
     df = counted.copy()
-    for col in ("category", "matched_pos", "spike_rollout_id", "match", "entropy_ref",
-                "written_id", "substituted_id"):
+    for col in ("rule", "category", "ground_truth", "result_is_answer", "matched_pos", "match",
+                "entropy_ref", "written_id", "substituted_id", "substituted_rank"):
         if col not in df:
             df[col] = None
     df = df.assign(suite=suite, checkpoint=checkpoint, temperature=float(temperature),
                    max_new_tokens=int(max_new_tokens), seed=int(seed),
+                   continuation_tokens=continuation_tokens,
                    written_token=text(df["written_id"]),
                    substituted_token=text(df["substituted_id"]))
-    for col in ("written_id", "substituted_id", "matched_pos"):
+    for col in ("written_id", "substituted_id", "substituted_rank", "matched_pos",
+                "continuation_tokens"):
         df[col] = pd.array([None if pd.isna(v) else int(v) for v in df[col]], dtype="Int32")
+    df["result_is_answer"] = pd.array([None if v is None or pd.isna(v) else bool(v)
+                                       for v in df["result_is_answer"]], dtype="boolean")
     return df[schemas.BRANCHES.names]
 
 
 def run_branches(P: Params, plan: pd.DataFrame, rollouts: pd.DataFrame, gold: dict[str, str],
                  loader: Callable[[str], models.LoadedModel], settings: dict, manifest: dict, *,
                  checkpoint: str, n: int, temperature: float, max_new_tokens: int, seed: int,
+                 continuation_tokens: int | None = None, stop_at_box: bool = False,
                  batch_rows: int = 32, rollouts_per_shard: int = 4, overwrite: bool = False,
                  producer: str = "notebooks/08_counterfactuals") -> pd.DataFrame:
     """Sample and grade every context of ``plan`` (columns of ``passes.PLAN_COLUMNS`` plus
@@ -121,9 +130,11 @@ def run_branches(P: Params, plan: pd.DataFrame, rollouts: pd.DataFrame, gold: di
         counted = pass_counts(lm.model, lm.tokenizer, part, rollouts, gold,
                               model_name=model_name, n=n, temperature=temperature,
                               max_new_tokens=max_new_tokens, seed=seed, batch_rows=batch_rows,
+                              continuation_tokens=continuation_tokens, stop_at_box=stop_at_box,
                               timeout_s=P.grading.timeout_s, workers=P.grading.workers)
         return to_rows(counted, lm.tokenizer, suite=P.suite, checkpoint=checkpoint,
-                       temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+                       temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                       continuation_tokens=continuation_tokens)
 
     jobs = shard_jobs(plan, rollouts_per_shard, run)
     if jobs:

@@ -85,14 +85,27 @@ class ForcingParams:
 
 @dataclass
 class CounterfactualsParams:
-    # Chapter 08 (rlprobe_nb.counterfactuals): how much is sampled. Every context costs n
-    # continuations of up to max_new_tokens minus its prefix, so these cap the cost.
-    n: int = 8  # continuations per context (one Wilson interval each)
-    max_points: int = 24  # branch points (spikes, else departures) at the checkpoint
+    # Chapter 08 (rlprobe_nb.counterfactuals): where it branches and how much is sampled.
+    # Every context costs n continuations of up to its budget of new tokens (the response
+    # limit minus its prefix, at most continuation_tokens), so these cap the cost.
+    n: int = 16  # continuations per context and arm (one Wilson interval each)
+    max_points: int = 24  # branch points (keep vs the checkpoint's top-1 alternative)
+    # Where they come from, in order: "spikes" (chapter 05's significant spikes), then
+    # ground-truth labels (divergence.ground_truth.LABELS); each source fills what is left
+    point_rule: list[str] = field(default_factory=lambda: [
+        "spikes", "result_first_wrong", "result_after_wrong", "final_answer", "result_correct",
+        "operand", "operator"])
+    include_format: bool = False  # allow format tokens (\boxed{, $, whitespace) as points
+    positive_points: int = 16  # first wrong digits for the positive control (keep vs correct)
+    # where they come from: "forced" (the group's forced rollouts) or "problems" (also the
+    # reference's other wrong rollouts of the same problems: a correct digit needs no forcing)
+    positive_pool: str = "problems"
     grid_points: int = 8  # takeover-curve prefix lengths per case-study rollout
     case_studies: int = 2  # rollouts that get a whole takeover curve
     temperature: float = 0.7
     max_new_tokens: Optional[int] = None  # whole-response limit; None: the rollouts'
+    continuation_tokens: Optional[int] = None  # new tokens per continuation; None: no limit
+    stop_at_box: bool = True  # a continuation ends once it has closed a box (graded then)
     ref_min_pass: float = 0.1  # the reference continues only problems it solves this often
     caliper: float = 0.25  # controls: largest gap in the reference's entropy (nats)
     batch_rows: int = 32  # rows per generate call (not in any key: rows do not depend on it)
@@ -120,6 +133,11 @@ CHOICES = {
     "runtime.device": ("auto", "cpu", "cuda"),
     "runtime.dtype": ("float32", "bfloat16", "float16"),
     "model.kind": ("hub", "local", "gguf", "peft"),
+    # "spikes" and divergence.ground_truth.LABELS (suite/ imports no chapter package)
+    "counterfactuals.positive_pool": ("forced", "problems"),
+    "counterfactuals.point_rule": ("spikes", "other", "format", "operator", "operand",
+                                   "final_answer", "result_correct", "result_after_wrong",
+                                   "result_first_wrong"),
 }
 
 # Allowed ranges (inclusive), checked at load so a bad value fails before any work.
@@ -138,12 +156,14 @@ RANGES = {
     "counterfactuals.grid_points": (2, None), "counterfactuals.case_studies": (0, None),
     "counterfactuals.temperature": (0.0, 10.0), "counterfactuals.max_new_tokens": (1, None),
     "counterfactuals.ref_min_pass": (0.0, 1.0), "counterfactuals.caliper": (0.0, None),
-    "counterfactuals.batch_rows": (1, None),
+    "counterfactuals.batch_rows": (1, None), "counterfactuals.positive_points": (0, None),
+    "counterfactuals.continuation_tokens": (1, None),
 }
 
 # Lists that must hold at least one value, each at most once (an empty list of
 # temperatures or groups would leave nothing to sample or force; a repeated one counts twice).
-NONEMPTY_UNIQUE = {"rollouts.temperatures", "forcing.groups", "forcing.failure_types"}
+NONEMPTY_UNIQUE = {"rollouts.temperatures", "forcing.groups", "forcing.failure_types",
+                   "counterfactuals.point_rule"}
 
 # Suite, model and checkpoint names become folder names: plain names only.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")

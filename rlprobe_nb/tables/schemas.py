@@ -335,16 +335,19 @@ TABLES.update({"spikes": SPIKES, "spike_regions": SPIKE_REGIONS})
 # One row per context a policy model continued: a rollout cut at response token `pos`,
 # either as it is (arm "prefix": response[:pos], a point of a takeover curve), with the
 # written token kept (arm "keep": response[:pos + 1]) or with another token swapped in
-# for it (arm "substitute": response[:pos] + [substituted_id]); prefix_len counts the
-# rollout's tokens kept. kind: "spike" (a spike of `checkpoint`), "departure" (where no
-# spike is significant: one of the checkpoint's strongest departures by symmetric KL, one
-# per rollout; not a significant spike), "control" (a non-spike
-# position matched to the spike at matched_pos on the reference's entropy; `match` says
-# how close: same_rollout / same_problem / other_problem), "grid" (a takeover-curve
-# point). `model` wrote the n continuations (seeded per rollout, prefix, substituted
-# token and sample: `seeds`), graded whole with the book's grader; passes of n, with a
-# Wilson 95% interval. `category` is the point's token category (a control carries its
-# point's).
+# for it (response[:pos] + [substituted_id]): arm "top1", the checkpoint's most probable
+# real alternative (substituted_rank: its rank in the checkpoint's top-k, from 0), or arm
+# "correct", the digit the ground-truth labeller says is right at a first wrong digit;
+# prefix_len counts the rollout's tokens kept. kind: "point" (a branch point; `rule`
+# names the source that picked it: "spikes", a ground-truth label, or
+# "positive_control"), "control" (a token of the point's rollout matched to the point at
+# matched_pos on category and the reference's entropy; `match`: "category" or "entropy"
+# only; `rule` is its point's), "grid" (a takeover-curve point). `model` wrote the n
+# continuations (seeded per rollout, prefix, substituted token and sample: `seeds`),
+# graded whole with the book's grader; passes of n, with a Wilson 95% interval.
+# `category` (chapter 04's) and `ground_truth` (the labeller's) are the row's token's;
+# `result_is_answer`: at a first wrong digit, whether the wrong statement's true value is
+# the problem's answer (the answer is then written from that result).
 BRANCHES = pa.schema(
     [
         ("suite", _str),
@@ -352,17 +355,20 @@ BRANCHES = pa.schema(
         ("model", _str),  # the policy that wrote the continuations
         ("problem_id", _str),
         ("rollout_id", _str),
-        ("kind", _str),  # spike | departure | control | grid
+        ("kind", _str),  # point | control | grid
+        ("rule", _str),  # what picked the point (a control: its point's)
         ("pos", _i32),
-        ("arm", _str),  # prefix | keep | substitute
+        ("arm", _str),  # prefix | keep | top1 | correct
         ("prefix_len", _i32),
         ("written_id", _i32),  # the rollout's token at pos; null at the end of the response
         ("written_token", _str),
-        ("substituted_id", _i32),  # null unless arm == "substitute"
+        ("substituted_id", _i32),  # null unless arm is top1 or correct
         ("substituted_token", _str),
+        ("substituted_rank", _i32),  # top1: rank in the checkpoint's top-k (from 0)
         ("category", _str),
-        ("matched_pos", _i32),  # controls: the spike's position (in spike_rollout_id)
-        ("spike_rollout_id", _str),
+        ("ground_truth", _str),
+        ("result_is_answer", pa.bool_()),  # a first wrong digit's statement computes the answer
+        ("matched_pos", _i32),  # controls: the point's position (same rollout)
         ("match", _str),
         ("entropy_ref", _f32),  # the reference's entropy at pos (nats)
         ("n", _i32),
@@ -370,10 +376,11 @@ BRANCHES = pa.schema(
         ("pass_rate", _f64),
         ("wilson_low", _f64),
         ("wilson_high", _f64),
-        ("n_stopped", _i32),  # continuations that ended with EOS (the rest hit the limit)
+        ("n_stopped", _i32),  # ended with EOS or a closed box (the rest hit a limit)
         ("mean_new_tokens", _f32),
         ("temperature", _f32),
         ("max_new_tokens", _i32),  # the response's limit, prefix included
+        ("continuation_tokens", _i32),  # the limit on a continuation's new tokens (null: none)
         ("seed", _i64),  # the run's seed
         ("seeds", pa.list_(_i64)),  # the n continuations' seeds
     ]

@@ -1,0 +1,129 @@
+"""What chapter 08 tells its reader, in sentences whose every number is read from the
+``branches`` table (through ``branching.effects`` and ``branching.summary``) and printed
+through ``reporting``: no interval from fewer than ``reporting.MIN_CLUSTERS`` problems
+(the sentence says so instead), no NaN, effects signed.
+
+    positive_line   the positive control: the lift from writing the correct digit at
+                    first wrong digits, and whether the method can see a decisive token
+    group_lines     the same by group (e.g. whether the wrong statement computes the
+                    answer, or the rule that picked the points)
+    main_lines      the main result: the effect of the checkpoint's top-1 alternative at
+                    the points, at their controls and the difference, with a verdict
+    point_table     one row per branched token: each arm's passes with its Wilson
+                    interval and the effect with Newcombe's, as text
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rlprobe_nb.reporting import MIN_CLUSTERS, excludes_zero, fmt, interval_text
+
+
+def _many(count, noun: str) -> str:
+    count = int(count)
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _row(summary: pd.DataFrame, model: str, estimate: str, group: str = "all"):
+    rows = summary[(summary["model"] == model) & (summary["estimate"] == estimate)
+                   & (summary["group"] == group)]
+    return rows.iloc[0] if len(rows) else None
+
+
+def _interval(row, min_clusters: int) -> str:
+    return interval_text(row["mean"], row["low"], row["high"], int(row["problems"]),
+                         signed=True, min_clusters=min_clusters)
+
+
+def _shown_excludes_zero(row, min_clusters: int) -> int:
+    """+1 / -1 where the shown interval lies above / below 0, else 0."""
+    if not excludes_zero(row["mean"], row["low"], row["high"], int(row["problems"]),
+                         min_clusters):
+        return 0
+    return 1 if float(row["low"]) > 0 else -1
+
+
+def positive_line(summary: pd.DataFrame, model: str,
+                  min_clusters: int = MIN_CLUSTERS) -> str:
+    """The positive control's result for ``model`` (``summary`` of the "correct" arm)."""
+    row = _row(summary, model, "point")
+    if row is None or not row["branches"]:
+        return (f"positive control ({model}): no first wrong digit with a correct digit to "
+                "write was branched at, so this run cannot show that the method sees a "
+                "decisive token; read the main result below with that in mind")
+    head = (f"positive control ({model}): writing the correct digit at "
+            f"{_many(row['branches'], 'first wrong digit')} in {_many(row['problems'], 'problem')} "
+            "moves the pass rate from "
+            f"{fmt(row['rate_keep'])} (the written digit kept) to {fmt(row['rate_arm'])}; "
+            f"mean lift {_interval(row, min_clusters)}")
+    sign = _shown_excludes_zero(row, min_clusters)
+    if sign > 0:
+        return head + " -> the method detects a decisive token where there is one"
+    return head + (" -> the method did not show here that it can detect a decisive token: a "
+                   "main result without an effect below says little")
+
+
+def group_lines(summary: pd.DataFrame, model: str, what: str = "points",
+                min_clusters: int = MIN_CLUSTERS) -> list[str]:
+    """One line per group of ``summary`` (its ``by`` column's values, "all" left out):
+    how many ``what`` in how many problems, the pass rates and the mean effect."""
+    rows = summary[(summary["model"] == model) & (summary["estimate"] == "point")
+                   & (summary["group"] != "all")]
+    return [f"  {row['group']}: {_many(row['branches'], what[:-1])} in "
+            f"{_many(row['problems'], 'problem')}, pass rate {fmt(row['rate_keep'])} -> "
+            f"{fmt(row['rate_arm'])}, mean effect {_interval(row, min_clusters)}"
+            for _, row in rows.iterrows() if row["branches"]]
+
+
+def main_lines(summary: pd.DataFrame, model: str, min_clusters: int = MIN_CLUSTERS
+               ) -> list[str]:
+    """The main result for ``model`` (``summary`` of the "top1" arm, with controls)."""
+    point, control = _row(summary, model, "point"), _row(summary, model, "control")
+    diff = _row(summary, model, "point - control")
+    if point is None or not point["branches"]:
+        return [f"main result ({model}): no branch point had a real alternative to swap in"]
+    lines = [f"main result ({model}): swapping in the checkpoint's top-1 alternative at "
+             f"{_many(point['branches'], 'point')} in {_many(point['problems'], 'problem')} moves "
+             f"the pass rate from {fmt(point['rate_keep'])} to {fmt(point['rate_arm'])}: mean "
+             f"effect {_interval(point, min_clusters)}"]
+    if control is None or not control["branches"]:
+        return lines + ["  no control was matched: the effect has nothing to be compared with"]
+    lines.append(f"  at their {int(control['branches'])} matched controls (same rollout, "
+                 f"matched on entropy and, where one was near, category): "
+                 f"{_interval(control, min_clusters)}")
+    sign = _shown_excludes_zero(diff, min_clusters)
+    verdict = {1: "larger at the points than at their controls",
+               -1: "smaller at the points than at their controls",
+               0: "not told apart from the controls'"}[sign]
+    if int(diff["problems"]) < min_clusters:
+        verdict = "not compared: too few problems for an interval"
+    lines.append(f"  point - control: {_interval(diff, min_clusters)} -> the effect of the "
+                 f"checkpoint's preferred token is {verdict} (95% interval, problems resampled)")
+    return lines
+
+
+def _rate(k, n, low, high) -> str:
+    return f"{int(k)}/{int(n)} [{fmt(low, 2)}, {fmt(high, 2)}]"
+
+
+def point_table(effects: pd.DataFrame) -> pd.DataFrame:
+    """One row per branched token, for reading: where, what picked it, the written and
+    substituted tokens, each arm's passes with its Wilson 95% interval, and the effect
+    with Newcombe's."""
+    def show(t):
+        return None if t is None or pd.isna(t) else repr(str(t))
+
+    out = pd.DataFrame({
+        "model": effects["model"], "kind": effects["kind"], "rule": effects["rule"],
+        "rollout_id": effects["rollout_id"], "pos": effects["pos"],
+        "written": effects["written_token"].map(show),
+        effects["arm"].iloc[0] if len(effects) else "arm": effects["substituted_token"].map(show),
+        "keep (Wilson)": [_rate(*v) for v in zip(effects.passes_keep, effects.n_keep,
+                                                   effects.keep_low, effects.keep_high)],
+        "arm (Wilson)": [_rate(*v) for v in zip(effects.passes_arm, effects.n_arm,
+                                                  effects.arm_low, effects.arm_high)],
+        "effect (Newcombe)": [f"{fmt(e, 2, signed=True)} [{fmt(lo, 2, signed=True)}, "
+                              f"{fmt(hi, 2, signed=True)}]" for e, lo, hi in
+                              zip(effects.effect, effects.effect_low, effects.effect_high)]})
+    return out.sort_values(["model", "kind", "rollout_id", "pos"]).reset_index(drop=True)
