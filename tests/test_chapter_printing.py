@@ -152,30 +152,47 @@ def chapter_06(n: int) -> Shown:
 
 
 def chapter_08(n: int) -> Shown:
-    """notebooks/08_counterfactuals.py: branch effects and their summary by category."""
-    from rlprobe_nb.counterfactuals import branching
+    """notebooks/08_counterfactuals.py: the positive control's and the main result's
+    sentences, the summary table it displays, the per-point table and the forest plot."""
+    from rlprobe_nb.counterfactuals import branching, charts, narrative
 
     rng = np.random.default_rng(n)
     rows = []
     for p in range(n):
-        for kind in ("spike", "control"):
-            for pos in (3, 9):
-                for arm in ("keep", "substitute"):
-                    rows.append({"model": "rlvr_step_1200", "kind": kind, "problem_id": f"p{p}",
-                                 "rollout_id": f"p{p}#0", "pos": pos + (kind == "control"),
-                                 "category": "number_result", "arm": arm, "n": 4,
-                                 "passes": int(rng.integers(0, 5)),
-                                 "substituted_id": None if arm == "keep" else 7})
-    effects = branching.effects(pd.DataFrame(rows))
-    summary = branching.by_category(effects, n_boot=200, seed=0)
-    return Shown(tables=[("effects", effects, []),
-                         ("by category", summary, [("low", "high", "problems")])])
+        for kind, pos in (("point", 3), ("point", 9), ("control", 5)):
+            for arm in ("keep", "top1", "correct"):
+                k = int(rng.integers(0, 5))
+                rows.append({"model": "rlvr_step_1200", "kind": kind, "problem_id": f"p{p}",
+                             "rollout_id": f"p{p}#0", "pos": pos, "rule": "result_first_wrong",
+                             "arm": arm, "n": 4, "passes": k, "written_token": "4",
+                             "substituted_token": None if arm == "keep" else "7",
+                             "wilson_low": k / 8, "wilson_high": (k + 4) / 8,
+                             "result_is_answer": bool(p % 2)})
+    branches = pd.DataFrame(rows)
+    points, controls = branches[branches.kind == "point"], branches[branches.kind == "control"]
+    positive = branching.effects(points, arm="correct")
+    positive["statement"] = positive.result_is_answer.map(
+        {True: "its true value is the answer", False: "another result"})
+    positive_summary = branching.summary(positive, None, by="statement", n_boot=200)
+    main = branching.effects(points, arm="top1")
+    control = branching.effects(controls, arm="top1")
+    main_summary = branching.summary(main, control, by="rule", n_boot=200)
+    texts = [narrative.positive_line(positive_summary, "rlvr_step_1200"),
+             *narrative.group_lines(positive_summary, "rlvr_step_1200", "first wrong digits"),
+             *narrative.main_lines(main_summary, "rlvr_step_1200"),
+             *narrative.group_lines(main_summary, "rlvr_step_1200")]
+    shown = reporting.with_interval_text(main_summary, "mean", "low", "high", "problems",
+                                         signed=True)
+    tables = [("summary", shown, [("low", "high", "problems")]),
+              ("positive points", narrative.point_table(positive), []),
+              ("points and controls", narrative.point_table(pd.concat([main, control])), [])]
+    chart = [("forest", charts.forest_chart(shown, title="t"))] \
+        if shown[["low", "high"]].notna().all(axis=1).any() else []
+    return Shown(texts=texts, tables=tables, charts=chart)
 
 
-OWNED_ELSEWHERE = ("prints bootstrap intervals from fewer than reporting.MIN_CLUSTERS problems "
-                   "(and [0.0, 0.0] ones): to print through rlprobe_nb.reporting")
 PRINTERS = {"04": (chapter_04, None), "05": (chapter_05, None),
-            "06": (chapter_06, None), "08": (chapter_08, OWNED_ELSEWHERE)}
+            "06": (chapter_06, None), "08": (chapter_08, None)}
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])

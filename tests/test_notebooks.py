@@ -216,9 +216,9 @@ def test_prior_project_import_flows_through_02_and_03(tmp_path, out_env):
     cfg = yaml.safe_load(suite_file.read_text())
     cfg.update(suite="prior")
     cfg["problems"] = {"source": "prior", "path": str(prior / "filtered_problems.json")}
-    cfg["filtering"].update(n_samples=0, max_new_tokens=16, ref_max_pass=1.0, target_min_pass=0.0)
+    cfg["filtering"].update(n_samples=1, max_new_tokens=16, ref_max_pass=1.0, target_min_pass=0.0)
     cfg["rollouts"] = {"source": "prior", "prior_path": str(prior / "dpo_responses.json")}
-    cfg["forcing"].update(failure_types=["imported"], pairs=[])
+    cfg["forcing"].update(failure_types=["imported"], pairs=[], groups=["target", "ref_right", "control"])
     suite_file.write_text(yaml.safe_dump(cfg))
     env = {**out_env, "RLPROBE_PARAMS": str(root)}
     for nb in ("01_filtering", "02_rollouts"):

@@ -19,6 +19,7 @@ import signal
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -172,16 +173,25 @@ def _force(demo, seqs, root: Path, monkeypatch) -> pd.DataFrame:
     return storage.read_table(folder)
 
 
+# Each rank runs with one thread and a single process with two, so a float32 matrix
+# product sums in another order: the logits (tens of nats) agree to about 1e-6 of their
+# size, and a metric read from them to a few 1e-5 nats, not bitwise. Tokens, ranks and
+# top-k ids must be identical.
+METRIC_ATOL, METRIC_RTOL = 5e-5, 1e-5
+
+
 def _same_tokens(a: pd.DataFrame, b: pd.DataFrame) -> None:
     a, b = (_in_order(x, ["rollout_id", "pos"]) for x in (a, b))
     assert len(a) == len(b) > 0
     exact = [c for c in a.columns if c not in METRICS and not c.startswith("topk_p")]
     pd.testing.assert_frame_equal(a[exact], b[exact])
     for c in METRICS:
-        assert (a[c] - b[c]).abs().max() <= 1e-5, c
+        x, y = a[c].to_numpy(np.float64), b[c].to_numpy(np.float64)
+        worst = np.abs(x - y) - METRIC_RTOL * np.abs(y)
+        assert worst.max() <= METRIC_ATOL, (c, np.abs(x - y).max())
     for c in ("topk_p_ckpt", "topk_p_ref"):
         diff = max(abs(x - y) for u, v in zip(a[c], b[c]) for x, y in zip(u, v))
-        assert diff <= 1e-5, c
+        assert diff <= 1e-5, c  # probabilities: at most 1, so rounding stays below this
 
 
 @pytest.mark.slow  # about 70 s on 2 CPU cores

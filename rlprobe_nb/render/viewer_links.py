@@ -75,7 +75,9 @@ class LinkedTable:
         return runtime_script() + frame_html(shown, html_columns=(column,))
 
     def __repr__(self) -> str:
-        return repr(self.frame)
+        from rlprobe_nb.readable import frame_text
+
+        return frame_text(self.frame)
 
     def __len__(self) -> int:
         return len(self.frame)
