@@ -286,28 +286,9 @@ def label(tokens: pd.DataFrame, texts=None) -> pd.Series:
     offsets = pd.Series(np.concatenate([[0], np.cumsum(lengths)[:-1]]), index=built.index)
     chars = np.concatenate([label_text(t) for t in built] + [np.zeros(1, np.int8)])
     base = offsets.reindex(unique.rollout_id).to_numpy()
-    start, end = base + unique.char_start.to_numpy(), base + unique.char_end.to_numpy()
-    codes = np.full(len(unique), -1, dtype=np.int8)
-    filled = end > start
-    if filled.any():  # the max over each [start, end): reduceat's even entries
-        edges = np.column_stack([start[filled], end[filled]]).ravel()
-        codes[filled] = np.maximum.reduceat(chars, edges)[::2]
-    codes = _empty_spans(unique, codes)
-    where = pd.MultiIndex.from_frame(unique[["rollout_id", "pos"]]).get_indexer(
-        pd.MultiIndex.from_frame(tokens[["rollout_id", "pos"]]))
-    return pd.Series(pd.Categorical.from_codes(codes[where], LABELS), index=tokens.index,
-                     name="ground_truth")
-
-
-def _empty_spans(rows: pd.DataFrame, codes: np.ndarray) -> np.ndarray:
-    """EOS rows are ``other``; another empty span takes the label of the next filled row
-    of its rollout (else ``other``)."""
-    eos = rows.is_eos.to_numpy(bool) if "is_eos" in rows else (
-        (rows.char_end == rows.char_start) & ~rows.token.str.contains("\ufffd")).to_numpy()
-    codes = np.where(eos, CODE["other"], codes)
-    later = pd.Series(np.where(codes < 0, np.nan, codes)).groupby(
-        rows.rollout_id.to_numpy()).bfill()
-    return later.fillna(CODE["other"]).to_numpy().astype(np.int8)
+    return tc.per_token(tokens, unique, chars, base + unique.char_start.to_numpy(),
+                        base + unique.char_end.to_numpy(), LABELS, "ground_truth",
+                        eos_code=CODE["other"], other_code=CODE["other"])
 
 
 # --- tables for the chapters ----------------------------------------------------------

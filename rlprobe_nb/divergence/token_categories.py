@@ -225,29 +225,35 @@ def classify(tokens: pd.DataFrame, texts=None) -> pd.Series:
     offsets = pd.Series(np.concatenate([[0], np.cumsum(built.str.len() + len(_SEP))[:-1]]),
                         index=built.index)
     chars = character_codes(_SEP.join(built) + _SEP)
-    start = offsets.reindex(unique.rollout_id).to_numpy() + unique.char_start.to_numpy()
-    end = offsets.reindex(unique.rollout_id).to_numpy() + unique.char_end.to_numpy()
+    base = offsets.reindex(unique.rollout_id).to_numpy()
+    return per_token(tokens, unique, chars, base + unique.char_start.to_numpy(),
+                     base + unique.char_end.to_numpy(), CATEGORIES, "category",
+                     eos_code=CODE["eos"], other_code=CODE["other"])
+
+
+def per_token(tokens: pd.DataFrame, unique: pd.DataFrame, chars: np.ndarray, start, end,
+              names, name: str, *, eos_code: int, other_code: int) -> pd.Series:
+    """A categorical Series over ``names`` aligned with ``tokens.index``: each token of
+    ``unique`` (its rows once, sorted by rollout and position) takes the largest code of
+    ``chars`` over its span [start, end). ``chars`` must end past the last span (a
+    sentinel), since ``reduceat`` reads one edge beyond it. An EOS row takes
+    ``eos_code``; another empty span (a byte of a character a later token completes) takes
+    the code of the next filled row of its rollout, else ``other_code``."""
     codes = np.full(len(unique), -1, dtype=np.int8)
     filled = end > start
-    if filled.any():
+    if filled.any():  # the max over each [start, end): reduceat's even entries
         edges = np.column_stack([start[filled], end[filled]]).ravel()
         codes[filled] = np.maximum.reduceat(chars, edges)[::2]
-    codes = _empty_spans(unique, codes)
+    eos = unique.is_eos.to_numpy(bool) if "is_eos" in unique else (
+        (unique.char_end == unique.char_start) & ~unique.token.str.contains("\ufffd")).to_numpy()
+    codes = np.where(eos, eos_code, codes)
+    later = pd.Series(np.where(codes < 0, np.nan, codes)).groupby(
+        unique.rollout_id.to_numpy()).bfill()
+    codes = later.fillna(other_code).to_numpy().astype(np.int8)
     where = pd.MultiIndex.from_frame(unique[["rollout_id", "pos"]]).get_indexer(
         pd.MultiIndex.from_frame(tokens[["rollout_id", "pos"]]))
-    return pd.Series(pd.Categorical.from_codes(codes[where], CATEGORIES), index=tokens.index,
-                     name="category")
-
-
-def _empty_spans(rows: pd.DataFrame, codes: np.ndarray) -> np.ndarray:
-    """EOS rows get ``eos``; another empty span (a byte of a character a later token
-    completes) takes the category of the next filled row of its rollout, else ``other``."""
-    eos = rows.is_eos.to_numpy(bool) if "is_eos" in rows else (
-        (rows.char_end == rows.char_start) & ~rows.token.str.contains("\ufffd")).to_numpy()
-    codes = np.where(eos, CODE["eos"], codes)
-    later = pd.Series(np.where(codes < 0, np.nan, codes)).groupby(
-        rows.rollout_id.to_numpy()).bfill()
-    return later.fillna(CODE["other"]).to_numpy().astype(np.int8)
+    return pd.Series(pd.Categorical.from_codes(codes[where], names), index=tokens.index,
+                     name=name)
 
 
 def _check_spans(rows: pd.DataFrame, texts: pd.Series) -> None:
