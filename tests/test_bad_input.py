@@ -1,8 +1,6 @@
 """Bad input gets a clear error before any work, and nothing is silently altered
 (issue 9 items 8, 9, 10, 12, 16)."""
 
-import json
-import os
 import shutil
 import subprocess
 import sys

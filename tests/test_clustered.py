@@ -4,7 +4,6 @@ and coverage on simulated data with problem-level random effects."""
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
 from scipy import stats
 

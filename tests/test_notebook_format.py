@@ -3,7 +3,6 @@ stripped, kernelspec python3, one `parameters` cell of plain literals, then a ce
 derives everything else."""
 
 import ast
-from pathlib import Path
 
 import jupytext
 import nbformat

@@ -107,34 +107,20 @@ def test_notebook_03_forces_a_placebo_and_05_tests_against_it(tmp_path):
     checkpoint, the other as a stand-in placebo at its step) through 01, 02 and 03 for
     both checkpoints with papermill; the placebo's token table is read only when asked
     for, and 05's external null uses it."""
-    import json
     import os
     import sys
 
     sys.path.insert(0, str(paths.REPO_ROOT / "tests"))
+    from mini_suite import write_problems, write_suite
     from test_notebooks import outputs, papermill
 
     from rlprobe_nb.spikes import detect, external
     from rlprobe_nb.suite import gguf_cache
 
     adapters = paths.shipped_dir("demo") / "adapters"
-    problems = tmp_path / "problems.jsonl"
-    problems.write_text("".join(json.dumps(
-        {"unique_id": f"p/{i}", "problem": f"What is ${a} + {b}$?", "answer": str(a + b)}) + "\n"
-        for i, (a, b) in enumerate([(12, 30), (7, 8), (25, 19), (41, 17)])))
+    problems = write_problems(tmp_path / "problems.jsonl", [(12, 30), (7, 8), (25, 19), (41, 17)])
     folder = tmp_path / "params" / "mini"
-    folder.mkdir(parents=True)
-    (folder / "suite.yaml").write_text(yaml.safe_dump({
-        "suite": "mini", "reference": "dpo", "target": "rlvr_step_1200",
-        "models": {"dpo": {"kind": "gguf", "path": str(gguf_cache.demo_gguf_path())}},
-        "problems": {"source": "file", "path": str(problems)},
-        "grading": {"timeout_s": 5.0, "workers": 1},
-        "filtering": {"n_samples": 1, "max_new_tokens": 24, "batch_size": 8,
-                      "ref_max_pass": 1.0, "target_min_pass": 0.0},
-        "rollouts": {"n_per_problem": 2, "max_new_tokens": 24, "batch_size": 8},
-        "forcing": {"failure_types": ["boxed_wrong", "empty_box", "no_box", "truncated"],
-                    "max_rollouts": 8, "topk": 5, "pairs": []},
-        "runtime": {"device": "cpu", "dtype": "float32"}}))
+    write_suite(folder, gguf_cache.demo_gguf_path(), problems, max_rollouts=8)
     for name, run, adapter in (("rlvr_step_1200", "rlvr", "rlvr_step_1200"),
                                ("placebo_step_1200", "placebo", "rlvr_step_100")):
         (folder / f"{name}.yaml").write_text(yaml.safe_dump({

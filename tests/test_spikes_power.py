@@ -9,7 +9,6 @@ defaults (q = 0.05, min_effect = 0.1 nats).
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
 

@@ -8,7 +8,6 @@ every notebook reuses its table without loading a model, saying so once. `-p ove
 false` never overwrites; a part copied in from another run is refused; a standard reader
 never opens a half-written table, even while 03 is killed mid-way."""
 
-import json
 import os
 import shutil
 import signal
@@ -20,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from mini_suite import write_problems, write_suite
 from test_notebooks import outputs, papermill
 
 from rlprobe_nb.suite import gguf_cache, paths
@@ -40,23 +40,9 @@ def suite(tmp_path_factory):
     shutil.copytree(gguf_cache.convert_gguf(gguf, paths.cache_dir() / "models"), ref)
     adapter = root / "models" / "rlvr"
     shutil.copytree(paths.shipped_dir("demo") / "adapters" / "rlvr_step_1200", adapter)
-    problems = root / "problems.jsonl"
-    problems.write_text("".join(json.dumps(
-        {"unique_id": f"p/{i}", "problem": f"What is ${a} + {b}$?", "answer": str(a + b)}) + "\n"
-        for i, (a, b) in enumerate([(12, 30), (7, 8), (25, 19)])))
+    problems = write_problems(root / "problems.jsonl", [(12, 30), (7, 8), (25, 19)])
     params = root / "params" / "mini"
-    params.mkdir(parents=True)
-    (params / "suite.yaml").write_text(yaml.safe_dump({
-        "suite": "mini", "reference": "dpo", "target": "rlvr_step_1200",
-        "models": {"dpo": {"kind": "gguf", "path": str(gguf)}},
-        "problems": {"source": "file", "path": str(problems)},
-        "grading": {"timeout_s": 5.0, "workers": 1},
-        "filtering": {"n_samples": 1, "max_new_tokens": 24, "batch_size": 8,
-                      "ref_max_pass": 1.0, "target_min_pass": 0.0},
-        "rollouts": {"n_per_problem": 2, "max_new_tokens": 24, "batch_size": 8},
-        "forcing": {"failure_types": ["boxed_wrong", "empty_box", "no_box", "truncated"],
-                    "max_rollouts": 3, "topk": 5, "pairs": []},
-        "runtime": {"device": "cpu", "dtype": "float32"}}))
+    write_suite(params, gguf, problems, max_rollouts=3)
     (params / "rlvr_step_1200.yaml").write_text(yaml.safe_dump(
         {"step": 1200, "model": {"kind": "peft", "base": "dpo", "path": str(adapter)}}))
     env = {**os.environ, "RLPROBE_OUT": str(root / "out"),

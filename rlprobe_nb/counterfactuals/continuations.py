@@ -37,7 +37,7 @@ continuations. Three things keep it down:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 

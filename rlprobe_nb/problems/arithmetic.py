@@ -141,7 +141,6 @@ def working_lines(op: str, a: int, b: int) -> list[str]:
     if op == "add":
         if a < 10 and b < 10:
             return [f"{a} + {b} = {a + b}"]
-        (at, *ao), (bt, *bo) = _split_tens(a), _split_tens(b)
         if a < 10 or b < 10:  # a two-digit number and a digit: add the digit to the ones
             big, small = (a, b) if a >= 10 else (b, a)
             if big % 10 == 0:
