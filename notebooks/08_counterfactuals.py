@@ -42,7 +42,6 @@ from IPython.display import display
 
 from rlprobe_nb import reporting, views
 from rlprobe_nb.counterfactuals import branching, charts, narrative, plan, points, table, takeover
-from rlprobe_nb.divergence import token_categories
 from rlprobe_nb.problems import grading
 from rlprobe_nb.render import case_studies
 from rlprobe_nb.suite import models, params, paths
@@ -91,11 +90,7 @@ tokens = TOKENS[(TOKENS.checkpoint == checkpoint) & (TOKENS.group == group)].res
 SPIKES = lineage.read_derived(P, "spikes")
 ALL_ROLLOUTS, rollouts_sha = lineage.read_current(P, "rollouts")
 forced = set(tokens.rollout_id)
-mine = ALL_ROLLOUTS[(ALL_ROLLOUTS.model == P.reference)
-                    & ALL_ROLLOUTS.problem_id.isin(set(tokens.problem_id))]
-extra = mine[~mine.rollout_id.isin(forced) & ~mine.correct.astype(bool)] \
-    if C.positive_pool == "problems" else mine.iloc[:0]
-ROLLOUTS = mine[mine.rollout_id.isin(forced | set(extra.rollout_id))]
+ROLLOUTS, extra = points.rollout_pool(ALL_ROLLOUTS, P.reference, tokens, C.positive_pool)
 PROBLEMS, _ = lineage.read_current(P, "problems")
 ANSWERS, _ = lineage.read_current(P, "answers")
 gold = dict(zip(PROBLEMS.problem_id, PROBLEMS.answer))
@@ -123,13 +118,7 @@ print(f"suite {P.suite!r}: checkpoint {checkpoint!r} vs {P.reference!r}, group {
 # and come from the forced rollouts only.
 
 # %%
-rows = pd.concat([tokens, points.rollout_tokens(extra, tokenizer)], ignore_index=True)
-rows["category"] = token_categories.classify(rows, texts).astype(str)
-TOK = points.annotate(rows, texts, text_of=lambda i: tokenizer.decode([i]),
-                      encode=lambda s: tokenizer.encode(s, add_special_tokens=False),
-                      special=special)
-TOK["result_is_answer"] = [points.is_answer(v, gold[p])
-                           for v, p in zip(TOK.statement_value, TOK.problem_id)]
+TOK = points.branch_tokens(tokens, extra, texts, tokenizer, gold)
 first_wrong = TOK[TOK.ground_truth == points.FIRST_WRONG]
 for label, part in (("forced", first_wrong[first_wrong.rollout_id.isin(forced)]),
                     ("all", first_wrong)):

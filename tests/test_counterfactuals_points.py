@@ -243,3 +243,17 @@ def test_the_wrong_statements_value_says_whether_it_computes_the_answer(table):
     assert points.is_answer("33", " 33") is True and points.is_answer("33", "34") is False
     assert points.is_answer("7/2", "3.5") is True and points.is_answer("1200", "1,200") is True
     assert points.is_answer(None, "3") is None and points.is_answer("3", "x + 1") is None
+
+
+def test_the_rollout_pool_adds_the_references_other_wrong_rollouts_only_on_request():
+    rollouts = pd.DataFrame({
+        "model": ["ref", "ref", "ref", "ref", "ck"],
+        "rollout_id": ["p0#0", "p0#1", "p0#2", "p9#0", "p0#3"],
+        "problem_id": ["p0", "p0", "p0", "p9", "p0"],
+        "correct": [False, False, True, False, False]})
+    forced = pd.DataFrame({"rollout_id": ["p0#0", "p0#0"], "problem_id": ["p0", "p0"]})
+    both, others = points.rollout_pool(rollouts, "ref", forced, "problems")
+    assert list(others.rollout_id) == ["p0#1"]  # wrong, same problem, the reference's
+    assert sorted(both.rollout_id) == ["p0#0", "p0#1"]
+    both, others = points.rollout_pool(rollouts, "ref", forced, "forced")
+    assert others.empty and list(both.rollout_id) == ["p0#0"]

@@ -46,7 +46,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from rlprobe_nb.divergence import ground_truth
+from rlprobe_nb.divergence import ground_truth, token_categories
 from rlprobe_nb.forcing.spans import token_spans
 from rlprobe_nb.statistics import seed_from
 
@@ -116,6 +116,35 @@ def correct_token(token_text: str, offset: int, char: str,
 
 
 # --- annotation -----------------------------------------------------------------------
+
+def rollout_pool(rollouts: pd.DataFrame, reference: str, forced: pd.DataFrame,
+                 pool: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The reference's rollouts chapter 08 reads: the forced ones (the rollout ids of the
+    token rows ``forced``) and, with ``pool == "problems"``, its other wrong rollouts of
+    the same problems (a correct digit needs no forcing). Returns (both, the others)."""
+    ids = set(forced["rollout_id"])
+    mine = rollouts[(rollouts["model"] == reference)
+                    & rollouts["problem_id"].isin(set(forced["problem_id"]))]
+    others = mine[~mine["rollout_id"].isin(ids) & ~mine["correct"].astype(bool)] \
+        if pool == "problems" else mine.iloc[:0]
+    return mine[mine["rollout_id"].isin(ids | set(others["rollout_id"]))], others
+
+
+def branch_tokens(forced: pd.DataFrame, others: pd.DataFrame, texts: dict[str, str],
+                  tokenizer, gold: dict[str, str]) -> pd.DataFrame:
+    """Every token chapter 08 may branch at, annotated (``annotate``): the forced token
+    rows and the tokens of the ``others`` rollouts, with chapter 04's category and
+    ``result_is_answer`` (is the wrong statement's true value the problem's answer)."""
+    special = {int(i) for i in tokenizer.all_special_ids}
+    rows = pd.concat([forced, rollout_tokens(others, tokenizer)], ignore_index=True)
+    rows["category"] = token_categories.classify(rows, texts).astype(str)
+    out = annotate(rows, texts, text_of=lambda i: tokenizer.decode([i]),
+                   encode=lambda s: tokenizer.encode(s, add_special_tokens=False),
+                   special=special)
+    out["result_is_answer"] = [is_answer(v, gold[p])
+                               for v, p in zip(out["statement_value"], out["problem_id"])]
+    return out
+
 
 def rollout_tokens(rollouts: pd.DataFrame, tokenizer) -> pd.DataFrame:
     """Token rows (rollout_id, problem_id, pos, token_id, token, char_start, char_end,
