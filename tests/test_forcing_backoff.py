@@ -33,14 +33,22 @@ def test_out_of_memory_halves_batch_tokens_and_finishes(world, tmp_path, monkeyp
     seqs, P, Q = world
     want = rows(forcing.run_pair(seqs, forcing.Side("P", P), forcing.Side("Q", Q),
                                  tmp_path / "want", batch_tokens=64, **KW))
-    real = forcing.engine.forward_hidden
+    real, real_shared = forcing.engine.forward_hidden, forcing.engine.forward_shared
+
+    def too_large(tokens):
+        if tokens > 130:  # this "device" holds at most 130 input tokens a batch
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     def small_device(model, ids, mask, rows_):
-        if ids.numel() > 130:  # this "device" holds at most 130 input tokens a batch
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        too_large(ids.numel())
         return real(model, ids, mask, rows_)
 
+    def small_device_shared(model, members, device):
+        too_large(len(members) * max(len(s.input_ids) - 1 for s in members))
+        return real_shared(model, members, device)
+
     monkeypatch.setattr(forcing.engine, "forward_hidden", small_device)
+    monkeypatch.setattr(forcing.engine, "forward_shared", small_device_shared)
     with pytest.warns(UserWarning, match="out of memory at batch_tokens=1024"):
         out = forcing.run_pair(seqs, forcing.Side("P", P), forcing.Side("Q", Q),
                                tmp_path / "got", batch_tokens=1024, **KW)

@@ -101,8 +101,8 @@ def flip_a_byte(path):
 @pytest.mark.parametrize("what,notebook,file,edit,named", [
     ("reference weights", "01_filtering", "ref/model.safetensors", flip_a_byte,
      "models.dpo.converted.model.safetensors"),
-    ("adapter weights", "03_teacher_forcing", "adapter/adapter_model.safetensors", flip_a_byte,
-     "models.rlvr_step_1200.files.adapter_model.safetensors"),
+    ("adapter weights", "03_teacher_forcing", "adapter/adapter_int8.safetensors", flip_a_byte,
+     "models.rlvr_step_1200.files.adapter_int8.safetensors"),
     ("chat template", "02_rollouts", "ref/tokenizer_config.json",
      lambda p: p.write_text(p.read_text().replace("<|im_start|>", "<|im_start|> ", 1)),
      "dpo.converted.tokenizer_config.json"),

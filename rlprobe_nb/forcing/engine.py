@@ -55,6 +55,7 @@ from rlprobe_nb.forcing.heads import (
     pair_metrics,
 )
 from rlprobe_nb.forcing.hidden_cache import HiddenCache
+from rlprobe_nb.forcing.shared_prompts import forward_shared, shares_prompts
 from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
 from rlprobe_nb.forcing.token_table import UNIQUE, covered_rollouts, rows_table, table_key
 from rlprobe_nb.forcing.transfer import DeviceCopy, HostCopy
@@ -64,7 +65,8 @@ from rlprobe_nb.suite import paths, tokenizers
 from rlprobe_nb.tables import keys, lineage, schemas, storage
 
 # The code a model's cached hidden states depend on: the forward of the body, the cache.
-HIDDEN_CODE = ("forcing/body.py", "forcing/hidden_cache.py", "forcing/batching.py")
+HIDDEN_CODE = ("forcing/body.py", "forcing/hidden_cache.py", "forcing/batching.py",
+               "forcing/shared_prompts.py")
 
 
 @dataclass
@@ -311,7 +313,7 @@ class _PairRun:
                 continue
             if ids is None:
                 ids, mask, rows, targets = batch_inputs(members, batch.width, self.device)
-            h = self._forward(side.model, ids, mask, rows)
+            h = self._forward(side.model, members, ids, mask, rows)
             check_padded_mass(h, head, side.name)
             hidden.append(h)
             copies.append(HostCopy(h) if cache is not None else None)
@@ -325,15 +327,22 @@ class _PairRun:
                               self.chunk_positions, self.topk, self.row_fn)
         return copies, HostCopy(packed)
 
-    def _forward(self, model, ids, mask, rows) -> torch.Tensor:
-        try:
+    def _forward(self, model, members, ids, mask, rows) -> torch.Tensor:
+        """The batch's hidden states: each shared prompt forwarded once where the batch
+        has one (``shared_prompts``), else every sequence whole."""
+        def forward():
+            if shares_prompts(members):
+                return forward_shared(model, members, self.device)
             return forward_hidden(model, ids, mask, rows)
+
+        try:
+            return forward()
         except Exception as err:  # noqa: BLE001 - a compiler failure: go on eager
             if is_out_of_memory(err) or id(model) not in self.compiled:
                 raise
             warnings.warn(f"compiled decoder layers failed ({err!r}); forwarding eager")
             compile_layers(self.compiled.pop(id(model)), enable=False)
-            return forward_hidden(model, ids, mask, rows)
+            return forward()
 
     def _write(self, batch: Batch, members, copies, metric_copy) -> None:
         for cache, copy in zip(self.caches, copies):

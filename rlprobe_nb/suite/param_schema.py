@@ -107,6 +107,9 @@ class CounterfactualsParams:
     continuation_tokens: Optional[int] = None  # new tokens per continuation; None: no limit
     stop_at_box: bool = True  # a continuation ends once it has closed a box (graded then)
     ref_min_pass: float = 0.1  # the reference continues only problems it solves this often
+    # the placebo checkpoint at the checkpoint's step (where the suite has one) continues
+    # the same contexts with the same draws: does the swap matter less without the reward?
+    placebo: bool = True
     caliper: float = 0.25  # controls: largest gap in the reference's entropy (nats)
     batch_rows: int = 32  # rows per generate call (not in any key: rows do not depend on it)
     seed: int = 0
