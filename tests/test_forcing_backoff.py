@@ -130,3 +130,26 @@ def test_table_of_other_inputs_is_refused_naming_the_difference(world, tmp_path)
     forcing.run_pair(seqs, forcing.Side("P", P), forcing.Side("Q", Q), folder,
                      batch_tokens=200, key={"weights": "b"}, overwrite=True, **KW)
     assert storage.read_manifest(folder)["key"]["weights"] == "b"
+
+
+def test_a_cache_written_before_batch_sizes_were_recorded_says_so(world, tmp_path):
+    """Caches written by an earlier version of the book hold shards without a batch size:
+    they are still read, and the manifest calls their size unrecorded."""
+    import hashlib
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    seqs, P, Q = world
+    forcing.forward_to_cache(seqs, forcing.Side("Q", Q, cache_dir=tmp_path / "hQ"),
+                             batch_tokens=200, **KW)
+    old = sorted((tmp_path / "hQ").glob("h-*.safetensors"))[0]
+    with safe_open(str(old), framework="pt") as f:
+        meta = {k: v for k, v in f.metadata().items() if k != "batch_tokens"}
+    save_file(load_file(old), old, metadata=meta)
+    sha = hashlib.sha256(old.read_bytes()).hexdigest()[:16]
+    old.rename(old.with_name(f"{old.name.split('.')[0]}.{sha}.safetensors"))
+    out = forcing.run_checkpoint(seqs, forcing.Side("P", P), forcing.Side("Q", cache_dir=tmp_path / "hQ"),
+                                 tmp_path / "t", batch_tokens=64, **KW)
+    cached = next(s for s in storage.read_manifest(out)["engine"]["sides"] if s["name"] == "Q")
+    assert cached["batch_tokens"] == [200, "unrecorded"], cached

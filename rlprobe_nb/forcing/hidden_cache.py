@@ -35,6 +35,7 @@ from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
 from rlprobe_nb.forcing.transfer import host_slices
 from rlprobe_nb.tables import keys, storage
 
+UNRECORDED = "unrecorded"
 _DATA_RE = re.compile(r"(?P<stem>h-[0-9a-f]+|head)\.(?P<sha>[0-9a-f]{16})\.safetensors\Z")
 
 
@@ -47,7 +48,7 @@ class HiddenCache:
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
         self._index: dict[str, tuple[str, int, int, str]] | None = None
-        self._batch_tokens: dict[str, int] = {}  # shard stem -> its batch_tokens
+        self._batch_tokens: dict[str, int | str] = {}  # shard stem -> its batch_tokens
         self._release = None
 
     # identity ----------------------------------------------------------------
@@ -169,7 +170,8 @@ class HiddenCache:
                     continue
                 with safe_open(str(path), framework="pt", device="cpu") as f:
                     meta = f.metadata() or {}
-                self._batch_tokens[m["stem"]] = int(meta["batch_tokens"])
+                size = meta.get("batch_tokens")  # absent: written before sizes were recorded
+                self._batch_tokens[m["stem"]] = UNRECORDED if size is None else int(size)
                 start = 0
                 for rid, n, hsh in zip(json.loads(meta["rollout_ids"]), json.loads(meta["rows"]),
                                        json.loads(meta["hashes"])):
@@ -178,11 +180,13 @@ class HiddenCache:
             self._index = idx
         return self._index
 
-    def batch_tokens(self, members: Iterable[ForcedSequence]) -> list[int]:
+    def batch_tokens(self, members: Iterable[ForcedSequence]) -> list[int | str]:
         """Every batch_tokens the cached states of ``members`` were computed at, largest
-        first (a cache filled by two runs at two sizes holds both)."""
+        first (a cache filled by two runs at two sizes holds both), and "unrecorded" for
+        shards written before the book recorded them."""
         idx = self.index()
-        return sorted({self._batch_tokens[idx[s.rollout_id][0]] for s in members}, reverse=True)
+        sizes = {self._batch_tokens[idx[s.rollout_id][0]] for s in members}
+        return sorted(sizes - {UNRECORDED}, reverse=True) + sorted(sizes & {UNRECORDED})
 
     def missing(self, members: Iterable[ForcedSequence]) -> list[str]:
         idx = self.index()
