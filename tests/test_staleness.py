@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 import yaml
 from mini_suite import write_problems, write_suite
@@ -250,6 +251,34 @@ def readable_tables(root: Path) -> dict[str, tuple[int, int | None]]:
     return seen
 
 
+def running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kill_run(proc: subprocess.Popen) -> None:
+    """SIGKILL every process of a papermill run, the kernel first: it runs in a session of
+    its own, so killing papermill's process group left it running for about half a second
+    (long enough, once, to publish its table). None may be left running."""
+    run = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    assert any("ipykernel" in " ".join(p.cmdline()) for p in run[1:]), "no kernel found"
+    for process in reversed(run):  # the kernel (and what it started) before papermill
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+    # a SIGKILL takes effect at once; a kernel left to notice papermill's death on its own
+    # polls for it once a second
+    deadline = time.time() + 0.25
+    while any(running(p) for p in run) and time.time() < deadline:
+        time.sleep(0.01)
+    left = [p for p in run if running(p)]
+    assert not left, f"still running after the kill: {[p.cmdline()[:3] for p in left]}"
+
+
 def test_a_run_of_03_killed_midway_leaves_no_half_table_and_adopts_no_foreign_part(suite, tmp_path):
     """While 03 recomputes the token table (top-k 3, overwrite) and is killed mid-way,
     every folder a standard reader can open holds a complete table; a part of the old
@@ -270,8 +299,7 @@ def test_a_run_of_03_killed_midway_leaves_no_half_table_and_adopts_no_foreign_pa
             seen.append(readable_tables(data(suite)))
             time.sleep(0.2)
         seen.append(readable_tables(data(suite)))
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_run(proc)
         seen.append(readable_tables(data(suite)))
         for snapshot in seen:
             for folder, (rows, listed) in snapshot.items():
