@@ -153,3 +153,18 @@ def test_a_cache_written_before_batch_sizes_were_recorded_says_so(world, tmp_pat
                                  tmp_path / "t", batch_tokens=64, **KW)
     cached = next(s for s in storage.read_manifest(out)["engine"]["sides"] if s["name"] == "Q")
     assert cached["batch_tokens"] == [200, "unrecorded"], cached
+
+
+def test_overwrite_replaces_a_cache_of_another_setting(world, tmp_path):
+    """A forwarded model's cache made by other weights (or other code) is refused, naming
+    the difference, and replaced with overwrite=True: the option the message names."""
+    seqs, P, Q = world
+    cache = tmp_path / "hQ"
+    forcing.forward_to_cache(seqs, forcing.Side("Q", Q, cache_dir=cache, identity={"weights": "a"}),
+                             batch_tokens=200, **KW)
+    changed = forcing.Side("Q", Q, cache_dir=cache, identity={"weights": "b"})
+    with pytest.raises(storage.StaleTableError, match="model.weights: a -> b.*overwrite=True"):
+        forcing.run_pair(seqs, forcing.Side("P", P), changed, tmp_path / "t", batch_tokens=200, **KW)
+    forcing.run_pair(seqs, forcing.Side("P", P), changed, tmp_path / "t", batch_tokens=200,
+                     overwrite=True, **KW)
+    assert forcing.HiddenCache(cache).identity()["model"] == {"weights": "b"}

@@ -143,8 +143,10 @@ def _join_cache(cache: HiddenCache, identity: dict) -> None:
 
 
 def _prepare_side(side: Side, cache: HiddenCache | None, seqs: SequenceSet, device,
-                  longest: int, shared: bool = False) -> tuple[LMHead, dict]:
-    """Every check of one side, before any forward; returns its head on the device."""
+                  longest: int, shared: bool = False, overwrite: bool = False
+                  ) -> tuple[LMHead, dict]:
+    """Every check of one side, before any forward; returns its head on the device. A
+    forwarded side's cache of another identity is refused, or discarded with ``overwrite``."""
     facts: dict[str, Any] = {"name": side.name}
     if side.tokenizer is not None:
         tokenizers.check_identities(tokenizers.tokenizer_identity(side.tokenizer),
@@ -159,7 +161,7 @@ def _prepare_side(side: Side, cache: HiddenCache | None, seqs: SequenceSet, devi
         if cache is not None and shared:
             _join_cache(cache, ident)
         elif cache is not None:
-            cache.begin(ident)  # its head is saved by run_pair, in the background
+            cache.begin(ident, overwrite)  # its head is saved by run_pair, in the background
         facts.update(ident, source="forward", device=str(next(side.model.parameters()).device))
     else:
         if cache is None:
@@ -223,8 +225,8 @@ class _PairRun:
                                             (self.ckpt.name, self.ref.name))
         longest = max(len(s.input_ids) for s in self.seqs.sequences)
         self.caches = [s.cache() for s in self.sides]
-        prepared = [_prepare_side(s, c, self.seqs, self.device, longest, self.share is not None)
-                    for s, c in zip(self.sides, self.caches)]
+        prepared = [_prepare_side(s, c, self.seqs, self.device, longest, self.share is not None,
+                                  self.overwrite) for s, c in zip(self.sides, self.caches)]
         self.heads = [p[0] for p in prepared]
         self.side_facts = [p[1] for p in prepared]
         self.row_fn = (metrics.compiled_row_fn(self.device)
