@@ -1,5 +1,5 @@
 """What the README says about the files on disk is what the code writes (issue 34 item 5:
-it named a table's manifest `manifest.json`, which the book never writes)."""
+it named a table's manifest `manifest.json`, where the book writes `_manifest.json`)."""
 
 import re
 
