@@ -52,6 +52,7 @@ from rlprobe_nb import distributed
 from rlprobe_nb.pages import navigation
 from rlprobe_nb.suite import params, paths
 from rlprobe_nb.tables.atomic import FILE_MODE
+from rlprobe_nb.tables.storage import MANIFEST
 
 PER_CHECKPOINT = "03_teacher_forcing"
 
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nThe book ran in {minutes:.1f} min.")
     print(f"  start reading at: {index}")
     print(f"  executed notebooks and HTML: {out_dir}")
-    print(f"  tables (parquet + manifest.json): {paths.data_dir(P.suite)}")
+    print(f"  tables (a folder each: parquet parts + {MANIFEST}): {paths.data_dir(P.suite)}")
     for page, problems in needs_network.items():
         print(f"WARNING: {page} needs the network (offline, these outputs stay blank):\n    "
               + "\n    ".join(sorted(set(problems))), file=sys.stderr)

@@ -111,7 +111,7 @@ def test_notebook_03_forces_a_placebo_and_05_tests_against_it(tmp_path):
     from mini_suite import write_problems, write_suite
     from test_notebooks import outputs, papermill
 
-    from rlprobe_nb.spikes import detect, external
+    from rlprobe_nb.spikes import chapter, detect, external
     from rlprobe_nb.suite import gguf_cache
 
     adapters = paths.shipped_dir("demo") / "adapters"
@@ -150,6 +150,11 @@ def test_notebook_03_forces_a_placebo_and_05_tests_against_it(tmp_path):
         assert set(placebo.context_id) == set(tokens.context_id)
         tests = detect(tokens, nulls=nulls)
         assert (tests.null == "placebo_step_1200").all() and tests.p.between(0, 1).all()
+        # 05's tables are keyed on the placebo's token table too: forced again, they go stale
+        tables = chapter.chapter_tables(P, tokens, used, dict.fromkeys(
+            ("q", "min_effect", "divergence", "group", "seed", "plants_per_size", "plant_runs")))
+        placebo_table = "tokens/placebo_step_1200__vs__dpo"
+        assert all(placebo_table in key["inputs"] for key in tables.keys.values())
     finally:
         for k, v in old.items():
             if v is None:

@@ -167,6 +167,9 @@ RANGES = {
 # temperatures or groups would leave nothing to sample or force; a repeated one counts twice).
 NONEMPTY_UNIQUE = {"rollouts.temperatures", "forcing.groups", "forcing.failure_types",
                    "counterfactuals.point_rule"}
+# Lists that may be empty but hold each value at most once (a pair listed twice would be
+# forced twice into one table).
+UNIQUE = NONEMPTY_UNIQUE | {"forcing.pairs"}
 
 # Suite, model and checkpoint names become folder names: plain names only.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
@@ -180,11 +183,11 @@ def check_name(name: Any, what: str, where: str = "") -> str:
 
 
 def _check_list(value: Any, dotted: str, where: str) -> None:
-    if dotted not in NONEMPTY_UNIQUE:
+    if dotted not in UNIQUE:
         return
-    if not value:
+    if not value and dotted in NONEMPTY_UNIQUE:
         raise ParamsError(f"{where}: the list is empty; give at least one value")
-    repeated = sorted({str(v) for v in value if value.count(v) > 1})
+    repeated = [v for i, v in enumerate(value) if value.count(v) > 1 and v not in value[:i]]
     if repeated:
         raise ParamsError(f"{where}: {repeated} appear more than once; list each value once")
 
