@@ -207,6 +207,23 @@ Markdown(narrative.say_onsets(ONSETS, SEPARATION, onsets.against_text(DEPARTURES
 ONSETS
 
 # %% [markdown]
+# ### The placebo run's own onsets
+#
+# The same table for the placebo run: its departures from the reference (no null
+# subtracted), by label and step. The optimisation without the reward's information
+# changes some tokens too (the format, the end of the answer); the labels of the
+# arithmetic should have few or no onsets there. The count is read from both tables.
+
+# %%
+PLACEBO_BY_LABEL = TABLES.get("spike_placebo_departures", chapter.placebo_departure_table,
+                              PLACEBO, group=group, seed=seed)
+PLACEBO_ONSETS = onsets.onsets(PLACEBO_BY_LABEL) if len(PLACEBO_BY_LABEL) else PLACEBO_BY_LABEL
+Markdown(narrative.say_run_onsets(ONSETS, PLACEBO_ONSETS))
+
+# %%
+table.shown(PLACEBO_ONSETS, "the suite has no placebo run")
+
+# %% [markdown]
 # ## The spikes table
 #
 # One row per context and written token that is a spike at one step or more, at every

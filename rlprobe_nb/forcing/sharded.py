@@ -29,13 +29,9 @@ def run_pair(seqs, names: tuple[str, str], out_dir, load: Callable[[], tuple], *
     folder of each side the workers forward (the coordinator takes its lock and writes its
     index). ``out_dir=None`` fills the caches only (``forward_to_cache``). provenance: the
     manifest's base, or a function that returns it once the models are loaded. The other
-    arguments are ``run_pair``'s, except that ``compile_body=None`` means eager layers here
-    (the same table for any number of workers). Returns the table folder (None without a table)."""
-    if engine.get("compile_body") is None:
-        # Eager decoder layers unless asked for: compiled (autotuned) kernels differ between
-        # processes, so the table would depend on how many workers ran and where; and each
-        # worker would compile again (measured: benchmarks/RESULTS.md)
-        engine["compile_body"] = False
+    arguments are ``run_pair``'s (``compile_body=None``: compiled layers on CUDA, in
+    inductor's deterministic mode, so every worker compiles the same kernels).
+    Returns the table folder (None without a table)."""
     kw = dict(batch_tokens=batch_tokens, max_sequences=max_sequences, topk=topk, key=key,
               overwrite=overwrite, suite=suite, **engine)
     n = distributed.processes() if workers is None else int(workers)

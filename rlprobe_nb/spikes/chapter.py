@@ -25,6 +25,7 @@ SETTINGS_OF = {
     "spike_plant_ranks": ("divergence", "seed", "plants_per_size"),
     "spike_calibration": ("q", "divergence", "seed"),
     "spike_label_departures": ("group", "seed"),
+    "spike_placebo_departures": ("group", "seed"),
 }
 
 
@@ -51,6 +52,19 @@ def spikes_tables(tokens: pd.DataFrame, tests: pd.DataFrame, vocab: Mapping[int,
     """(spikes, spike_regions) with the columns of their schemas (``table.spikes_table``)."""
     spikes, spans = table.spikes_table(tokens, tests, vocab=vocab)
     return table.to_schema(spikes, suite=suite), table.to_schema(spans, "spike_regions")
+
+
+def placebo_departure_table(placebo: pd.DataFrame, group: str, seed: int) -> pd.DataFrame:
+    """The placebo run's own departures from the reference by label and step, as the RLVR
+    run's are tabled (``onsets.departure_table``): what optimisation without the reward's
+    information changes, and when. Empty where the suite has no placebo run."""
+    from rlprobe_nb.spikes import onsets
+
+    if placebo is None or placebo.empty:
+        return pd.DataFrame(columns=onsets.DEPARTURE_COLUMNS)
+    rows = placebo.reset_index(drop=True)
+    return onsets.departure_table(onsets.departures(rows), onsets.labels(rows), group=group,
+                                  seed=seed)
 
 
 def calibration_pvalues(tokens: pd.DataFrame, tests: pd.DataFrame,

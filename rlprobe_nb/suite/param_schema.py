@@ -78,8 +78,8 @@ class ForcingParams:
     topk: int = 5
     context_policy: str = "skip"  # skip | error
     pairs: list[list[str]] = field(default_factory=list)
-    # torch.compile the decoder layers. None: off in the book (forcing.sharded.run_pair), so a
-    # token table is the same for any number of GPUs; on in direct forcing.run_pair calls
+    # torch.compile the decoder layers (inductor's deterministic mode: the same kernels in
+    # every process, so a token table is the same for any number of GPUs). None: on CUDA
     compile_body: Optional[bool] = None
 
 

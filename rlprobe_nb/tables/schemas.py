@@ -379,7 +379,9 @@ SPIKE_LABEL_DEPARTURES = pa.schema(
 TABLES.update({"spikes": SPIKES, "spike_regions": SPIKE_REGIONS, "spike_tests": SPIKE_TESTS,
                "spike_plants": SPIKE_PLANTS, "spike_plant_ranks": SPIKE_PLANT_RANKS,
                "spike_calibration": SPIKE_CALIBRATION,
-               "spike_label_departures": SPIKE_LABEL_DEPARTURES})
+               "spike_label_departures": SPIKE_LABEL_DEPARTURES,
+               # the placebo run's own departures from the reference, by label and step
+               "spike_placebo_departures": SPIKE_LABEL_DEPARTURES})
 
 # --- Chapter 08, counterfactuals ---------------------------------------------------------
 # One row per context a policy model continued: a rollout cut at response token `pos`,
