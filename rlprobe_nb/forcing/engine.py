@@ -336,9 +336,11 @@ class _PairRun:
 
     def _forward(self, model, members, ids, mask, rows) -> torch.Tensor:
         """The batch's hidden states: each shared prompt forwarded once where the batch
-        has one (``shared_prompts``), else every sequence whole."""
+        has one (``shared_prompts``) and the layers run eagerly, else every sequence
+        whole (compiled layers are traced for the whole-sequence call; a call with a
+        key/value cache would trace them again)."""
         def forward():
-            if shares_prompts(members):
+            if not layers_compiled(model) and shares_prompts(members):
                 return forward_shared(model, members, self.device)
             return forward_hidden(model, ids, mask, rows)
 
