@@ -326,9 +326,10 @@ def prepare() -> None:
     from rlprobe_nb.suite import gguf_cache, models
 
     P = params.load(params.DEFAULT_SUITE)
-    spec = P.model_spec(P.reference)
-    path = gguf_cache.convert_gguf(models.gguf_file(spec), paths.cache_dir() / "models")
-    print(f"demo model ready: {path}")
+    for name, spec in P.models.items():
+        if spec["kind"] == "gguf":
+            path = gguf_cache.convert_gguf(models.gguf_file(spec), paths.cache_dir() / "models")
+            print(f"demo model {name!r} ready: {path}")
 
 
 def launched_rank() -> int:

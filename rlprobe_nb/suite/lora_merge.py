@@ -71,6 +71,6 @@ def merge(model, folder: str | Path) -> bool:
     with torch.no_grad():
         for name, (a, b) in pairs.items():
             weight = layers[name].weight
-            delta = (b.to(torch.float32) @ a.to(torch.float32)) * scaling
+            delta = (b.to(weight.device, torch.float32) @ a.to(weight.device, torch.float32)) * scaling
             weight += delta.to(weight.dtype)
     return True
