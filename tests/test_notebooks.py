@@ -94,7 +94,7 @@ def test_demo_chain_01_02_03_reads_as_a_user_would(small_book, monkeypatch):
     assert ((tokens.dlogp + tokens.k1).abs() < 1e-6).all()
     manifest = storage.read_manifest(data / "tokens" / "rlvr_step_1200__vs__dpo")
     ckpt = next(m for m in manifest["models"] if m["name"] == "rlvr_step_1200")
-    assert ckpt["adapter_sha256"] and ckpt["base"]["gguf_sha256"]
+    assert ckpt["adapter_sha256"] and ckpt["base"]["base"]["gguf_sha256"], "checkpoint over dpo over the GGUF"
     assert (tokens.kl_ref_ckpt > 0).any() and (tokens.kl_ref_ckpt >= 0).all()
     # the progression pair came from the two caches, after the later checkpoint's run
     assert storage.is_complete(data / "tokens" / "rlvr_step_1200__vs__rlvr_step_400")

@@ -26,6 +26,7 @@ import torch
 
 from rlprobe_nb import distributed, forcing
 from rlprobe_nb.forcing import plan as forcing_plan
+from rlprobe_nb.forcing import precision
 from rlprobe_nb.generation import rollouts
 from rlprobe_nb.problems import grading
 from rlprobe_nb.problems import sources as problem_sources
@@ -148,7 +149,7 @@ def _kill_rank_1_at_its_second(monkeypatch, module, name: str, flag: Path) -> No
 def test_rollouts_two_processes_equal_one_and_survive_a_killed_rank(demo, two_rollouts,
                                                                     tmp_path, monkeypatch):
     two = two_rollouts  # sampled by 2 workers
-    assert two["temperature"].nunique() == len(set(demo.rollouts.temperatures)) and (two["n_tokens"] > 0).all()
+    assert two["temperature"].nunique() == len(set(demo.P.rollouts.temperatures)) and (two["n_tokens"] > 0).all()
 
     flag = tmp_path / "killed.flag"
     with monkeypatch.context() as m:
@@ -174,10 +175,10 @@ def _force(demo, seqs, root: Path, monkeypatch) -> pd.DataFrame:
 
 
 # Each rank runs with one thread and a single process with two, so a float32 matrix
-# product sums in another order: the logits (tens of nats) agree to about 1e-6 of their
-# size, and a metric read from them to a few 1e-5 nats, not bitwise. Tokens, ranks and
-# top-k ids must be identical.
-METRIC_ATOL, METRIC_RTOL = 5e-5, 1e-5
+# product sums in another order (and a shared prompt's states enter the response's
+# forward rounded as they were computed): a metric agrees to the table's stated batch
+# tolerance (precision.BATCH_TOLERANCE x max(1, |value|) nats), not bitwise. Tokens, ranks
+# and top-k ids must be identical.
 
 
 def _same_tokens(a: pd.DataFrame, b: pd.DataFrame) -> None:
@@ -187,8 +188,8 @@ def _same_tokens(a: pd.DataFrame, b: pd.DataFrame) -> None:
     pd.testing.assert_frame_equal(a[exact], b[exact])
     for c in METRICS:
         x, y = a[c].to_numpy(np.float64), b[c].to_numpy(np.float64)
-        worst = np.abs(x - y) - METRIC_RTOL * np.abs(y)
-        assert worst.max() <= METRIC_ATOL, (c, np.abs(x - y).max())
+        scaled = np.abs(x - y) / np.maximum(1.0, np.abs(y))
+        assert scaled.max() <= precision.BATCH_TOLERANCE, (c, np.abs(x - y).max(), scaled.max())
     for c in ("topk_p_ckpt", "topk_p_ref"):
         diff = max(abs(x - y) for u, v in zip(a[c], b[c]) for x, y in zip(u, v))
         assert diff <= 1e-5, c  # probabilities: at most 1, so rounding stays below this

@@ -44,19 +44,8 @@ import torch
 
 from rlprobe_nb.forcing import metrics
 from rlprobe_nb.forcing.batching import Batch, batch_inputs, plan_batches
-from rlprobe_nb.forcing.body import (
-    compile_layers,
-    forward_hidden,
-    layers_compiled,
-    model_context,
-)
-from rlprobe_nb.forcing.heads import (
-    LMHead,
-    check_padded_mass,
-    head_method,
-    lm_head_of,
-    pair_metrics,
-)
+from rlprobe_nb.forcing.body import compile_layers, forward_hidden, layers_compiled, model_context
+from rlprobe_nb.forcing.heads import LMHead, check_padded_mass, head_method, lm_head_of, pair_metrics
 from rlprobe_nb.forcing.hidden_cache import HiddenCache
 from rlprobe_nb.forcing.shared_prompts import forward_shared, shares_prompts
 from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
