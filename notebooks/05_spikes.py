@@ -212,6 +212,7 @@ ONSETS
 
 # %%
 spikes, spans = table.spikes_table(TOKENS, tests, vocab=VOCAB)
+DEPARTURES = table.strongest_departures(tests, n=n_top, min_effect=min_effect)  # shown below
 SETTINGS = {"q": q, "min_effect": min_effect, "divergence": divergence, "seed": seed}
 PLACEBO_SHAS = lineage.token_shas(P, suite_tables.placebo_pairs(P)) if P.placebos else {}
 manifest = provenance.manifest(P, extra={**SETTINGS, "tests": len(tests),
@@ -221,6 +222,9 @@ for name, frame, schema in (("spikes", table.to_schema(spikes, suite=P.suite), s
                              schemas.SPIKE_REGIONS)):
     lineage.write_derived(P, name, frame, schema, manifest, SETTINGS, "notebooks/05_spikes",
                           inputs=PLACEBO_SHAS)
+lineage.write_derived(P, "spike_departures", table.to_schema(DEPARTURES, "spike_departures"),
+                      schemas.SPIKE_DEPARTURES, manifest, {**SETTINGS, "n_top": n_top},
+                      "notebooks/05_spikes", inputs=PLACEBO_SHAS)  # for the viewer's page (07)
 table.persistence_counts(spikes)
 
 # %% [markdown]
@@ -267,7 +271,7 @@ viewer_links.with_links(TOP) if len(TOP) else table.shown(TOP, "no spike at the 
 # strongest departures, labelled as such.
 
 # %%
-viewer_links.with_links(table.strongest_departures(tests, n=n_top, min_effect=min_effect))
+viewer_links.with_links(DEPARTURES)
 
 # %% [markdown]
 # Adjacent spikes merged into regions of text, for the case studies of chapter 06.

@@ -129,7 +129,8 @@ def _context_id(problem_id: str, before: np.ndarray) -> int:
 def synthetic_suite(n_problems: int = 3, rollouts_per_problem: int = 2, n_tokens: int = 60,
                     steps: dict[str, int] | None = None, spikes_per_rollout: int = 2,
                     seed: int = 0, topk: int = 5, suite: str = "synthetic") -> dict[str, pd.DataFrame]:
-    """Tables ``tokens`` (with ``step``), ``spikes``, ``rollouts``, ``problems``, ``answers``.
+    """Tables ``tokens`` (with ``step``), ``spikes``, ``spike_departures``, ``rollouts``,
+    ``problems``, ``answers``.
     Even rollouts are group "target" (the reference wrong), odd ones "ref_right"."""
     rng = np.random.default_rng(seed)
     steps = steps or {"rlvr_step_100": 100, "rlvr_step_400": 400, "rlvr_step_1200": 1200}
@@ -154,8 +155,21 @@ def synthetic_suite(n_problems: int = 3, rollouts_per_problem: int = 2, n_tokens
             rollouts.append({"model": "dpo", "problem_id": pid, "rollout_id": keys["rollout_id"], "response": text,
                              "extracted": str(pi + 11), "correct": group != "target", "failure_type": failure,
                              "n_tokens": n_tokens})
-    return {"tokens": pd.concat(frames, ignore_index=True), "spikes": pd.DataFrame(spikes),
+    tokens = pd.concat(frames, ignore_index=True)
+    return {"tokens": tokens, "spikes": pd.DataFrame(spikes), "spike_departures": _departures(tokens),
             "rollouts": pd.DataFrame(rollouts), "problems": pd.DataFrame(problems), "answers": pd.DataFrame(answers)}
+
+
+def _departures(tokens: pd.DataFrame, n: int = 6) -> pd.DataFrame:
+    """The ``n`` largest departures (KL both ways) at the last step, first tokens left out,
+    shaped like chapter 05's ``spike_departures`` table (p and q made up from the rank)."""
+    last = tokens[(tokens.step == tokens.step.max()) & ~tokens.first_token]
+    rows = last.assign(divergence=last.kl_ref_ckpt + last.kl_ckpt_ref).nlargest(n, "divergence")
+    rank = np.arange(1, len(rows) + 1)
+    return rows.assign(sign=np.where(rows.dlogp < 0, "rejects", "endorses"), statistic=rows.divergence,
+                       p=1e-3 * rank, q=0.2 * rank, significant=False)[
+        ["checkpoint", "step", "problem_id", "rollout_id", "pos", "token", "sign", "dlogp", "divergence",
+         "rank_ref", "rank_ckpt", "statistic", "p", "q", "significant"]].reset_index(drop=True)
 
 
 def decode(token_id: int) -> str:

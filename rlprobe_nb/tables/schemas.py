@@ -329,7 +329,30 @@ SPIKE_REGIONS = pa.schema(
     ]
 )
 
-TABLES.update({"spikes": SPIKES, "spike_regions": SPIKE_REGIONS})
+# What the detector ranks highest at the last checkpoint, spike or not (the contexts with the
+# smallest p-values among departures of at least the spikes' minimum effect): the rows
+# chapter 05 shows and links to the viewer, kept so that the viewer's page (07) holds them.
+SPIKE_DEPARTURES = pa.schema(
+    [
+        ("checkpoint", _str),
+        ("step", _i32),
+        ("problem_id", _str),
+        ("rollout_id", _str),
+        ("pos", _i32),
+        ("token", _str),
+        ("sign", _str),
+        ("dlogp", _f32),
+        ("divergence", _f64),
+        ("rank_ref", _i32),
+        ("rank_ckpt", _i32),
+        ("statistic", _f64),
+        ("p", _f64),
+        ("q", _f64),
+        ("significant", _bool),
+    ]
+)
+
+TABLES.update({"spikes": SPIKES, "spike_regions": SPIKE_REGIONS, "spike_departures": SPIKE_DEPARTURES})
 
 # --- Chapter 08, counterfactuals ---------------------------------------------------------
 # One row per context a policy model continued: a rollout cut at response token `pos`,
