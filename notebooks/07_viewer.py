@@ -28,8 +28,9 @@
 # models' top-k; search the text to outline every match. A link from chapters 05 and 06
 # opens the viewer at its rollout and token (the parameters `rollout_id` and `token`).
 # In a page exported without a kernel, the viewer holds the rollout it opens on and every
-# rollout those chapters link to, at every step: hover, click, search and the steps work
-# there too; the other rollouts, metrics and scales need the live viewer.
+# rollout those chapters link to, at every step: hover, click, search, the steps and "next
+# spike" work there too; the other rollouts, metrics, scales and filters, and the comparison
+# of two checkpoints (shown below for the opening rollout), need the live viewer.
 
 # %%
 from typing import Optional

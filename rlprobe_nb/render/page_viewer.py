@@ -42,7 +42,8 @@ PAGE_CSS = """
 .rp-pv-about{font-size:12px;color:#333;margin:2px 0 6px 0;max-width:60em}
 .rp-pv-bar{display:flex;flex-wrap:wrap;gap:6px 14px;align-items:center;margin:4px 0}
 .rp-pv-bar label{display:flex;gap:6px;align-items:center}
-.rp-pv-bar select{max-width:100%;font:13px sans-serif}
+.rp-pv-bar label{max-width:100%}
+.rp-pv-bar select{max-width:min(40em, 100%);font:13px sans-serif}
 .rp-pv-step input{width:14em}
 .rp-pv-note{color:#333}
 .rp-pv-missing{display:none;background:#fff4d6;border:1px solid #e0b000;padding:6px 10px;margin:6px 0}
@@ -110,26 +111,27 @@ def step_record(app, checkpoint: str, rollout_id: str, scale, vocab: set, catego
             "topk": _topk(rows, "topk_ids_ckpt", "topk_p_ckpt", vocab)}
 
 
-def rollout_record(app, rollout_id: str, scale, why: list[str], vocab: set, categories: list[str]) -> dict:
+def rollout_record(app, rollout_id: str, scale, links: list[dict], vocab: set, categories: list[str]) -> dict:
     """One rollout: its tokens, the reference's numbers, and every checkpoint's."""
     final = app.checkpoints[-1]
     rows = app.rows(final, rollout_id)
     pieces = app.pieces(final, rollout_id)
     meta = app.rollout_facts(rollout_id)
-    return {"id": rollout_id, "facts": meta, "why": why, "texts": list(pieces.text), "pos": _ints(pieces.pos),
+    return {"id": rollout_id, "facts": meta, "links": links, "texts": list(pieces.text), "pos": _ints(pieces.pos),
             "token_id": _ints(rows.token_id),
             "ref": {"logp": _fixed(rows.logp_ref, 4), "rank": _ints(rows.rank_ref),
                     "entropy": _fixed(rows.entropy_ref, 4), "topk": _topk(rows, "topk_ids_ref", "topk_p_ref", vocab)},
             "steps": [step_record(app, ck, rollout_id, scale, vocab, categories) for ck in app.checkpoints]}
 
 
-def held_rollouts(app, linked: pd.DataFrame | None) -> dict[str, list[str]]:
-    """Rollout -> why the page holds it: the opening rollout first, then each linked one."""
-    held: dict[str, list[str]] = {app.rollout.value: ["the viewer opens on it"]}
+def held_rollouts(app, linked: pd.DataFrame | None) -> dict[str, list[dict]]:
+    """Rollout -> the tokens other pages link to in it (pos, why): the opening rollout
+    first, then each linked one."""
+    held: dict[str, list[dict]] = {app.rollout.value: []}
     if linked is not None:
         for t in linked.itertuples(index=False):
             if t.rollout_id in app.known_rollouts():
-                held.setdefault(t.rollout_id, []).append(f"token {int(t.pos)}: {t.why}")
+                held.setdefault(t.rollout_id, []).append({"pos": int(t.pos), "why": str(t.why)})
     return held
 
 
@@ -138,8 +140,8 @@ def page_data(app, linked: pd.DataFrame | None = None) -> dict:
     scale = app.scale()
     vocab: set[int] = set()
     categories: list[str] = []
-    rollouts = [rollout_record(app, rid, scale, why, vocab, categories)
-                for rid, why in held_rollouts(app, linked).items()]
+    rollouts = [rollout_record(app, rid, scale, links, vocab, categories)
+                for rid, links in held_rollouts(app, linked).items()]
     return {"metric": scale.metric, "metric_short": METRICS[scale.metric].short, "legend": scale.legend_html(),
             "categories": categories, "vocab": {str(i): app.decode(i) for i in sorted(vocab)},
             "opening": {"rollout": app.rollout.value, "pos": app.selected}, "rollouts": rollouts}
@@ -157,8 +159,8 @@ def about_html(data: dict) -> str:
     return (f"<div class='rp-pv-about'>This page has no kernel: its viewer holds {held}, at every step, "
             f"coloured by {html.escape(data['metric_short'])} on the suite's shared scale. Hover a token for its "
             "numbers, click it for its values over steps and both models' top-k, search the text, move "
-            "through the steps. Other rollouts, metrics and scales need the live viewer (this notebook in "
-            "JupyterLab).</div>")
+            "through the steps, step through the spikes. Other rollouts, metrics, scales and filters, and "
+            "comparing two checkpoints, need the live viewer (this notebook in JupyterLab).</div>")
 
 
 def page_viewer_html(app, linked: pd.DataFrame | None = None) -> str:

@@ -71,7 +71,9 @@
     data.rollouts.forEach((r) => {
       const o = el("option");
       o.value = r.id;
-      o.textContent = `${r.id} · ${r.texts.length} tokens · ${r.why.join("; ")}`;
+      const at = r.links.map((l) => l.pos).join(", ");
+      o.textContent = `${r.id} · ${r.texts.length} tokens` + (at ? ` · linked at token${r.links.length > 1 ? "s" : ""} ${at}`
+                                                                  : " · the viewer opens on it");
       rolloutPick.append(o);
     });
     const stepSlider = el("input");
@@ -204,7 +206,8 @@
       rec = data.rollouts.find((r) => r.id === id);
       rolloutPick.value = id;
       const facts = Object.values(rec.facts).join(" · ");
-      info.textContent = `${id}: ${rec.texts.length} tokens · ${facts}`;
+      const linked = rec.links.map((l) => `token ${l.pos} (${l.why})`).join("; ");
+      info.textContent = `${id}: ${rec.texts.length} tokens · ${facts}` + (linked ? ` · linked from: ${linked}` : "");
       state.rollout = id;
       state.positions = rec.pos;
       state.selected = -1;
