@@ -9,12 +9,12 @@ else the SVG inline (carried twice, the SVGs were the largest part of a page aft
 scripts).
 
 The Vega, Vega-Lite and Vega-Embed scripts that draw them (vl-convert carries them, about
-1.2 MB) are one file beside the pages, ``vega-<vl-convert version>.js``, which every page
+0.9 MB) are one file beside the pages, ``vega-<vl-convert version>.js``, which every page
 with a chart loads by a relative ``<script src>``: a browser reads it from the same folder
-on ``file://`` with no network, once for the whole book (inlined, the same scripts made up
-most of the pages' size: 17.5 MB for 14 pages). A page copied away without that file keeps
-its static SVG charts. The bundle is built once per vl-convert version and kept in the
-cache folder (building it takes seconds).
+on ``file://`` with no network, once for the whole book (inlined in every page with a chart,
+they made up most of the book's size). A page copied away without that file shows its
+charts' static forms, those inline. The bundle is built once per vl-convert version and
+kept in the cache folder (building it takes seconds).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ BUNDLE_MARK = 'data-rp-bundle="vega"'  # the chart scripts: offline by construct
 
 DRAW = """(function () {
   function draw() {
-    if (!window.vegaEmbed) return;  // the scripts' file is not beside the page: the SVGs stay
+    if (!window.vegaEmbed) return;  // the scripts' file is not beside the page: the static forms stay
     document.querySelectorAll("div.rp-vega:not([data-drawn])").forEach(function (box) {
       box.setAttribute("data-drawn", "1");
       var spec = JSON.parse(box.querySelector("script.rp-vega-spec").textContent);
