@@ -222,7 +222,8 @@ def export_html(executed: Path, pages: list[navigation.Page] | None = None) -> t
     listed = pages is not None and stem in [p.stem for p in pages]
     top = navigation.nav_html(pages, stem, code_cells.toggle_html()) if listed else \
         f'<nav class="rp-nav">{code_cells.toggle_html()}</nav>'
-    resources = {"rp": {"head": navigation.NAV_CSS + code_cells.CSS + charts.page_head(n_charts, executed.parent), "top": top,
+    head = navigation.NAV_CSS + code_cells.CSS + charts.page_head(n_charts, executed.parent)
+    resources = {"rp": {"head": head, "top": top,
                         "bottom": navigation.nav_html(pages, stem, bottom=True) if listed else ""}}
     body, _ = offline_exporter().from_notebook_node(nb, resources=resources)
     body = page_styles.share(body, executed.parent)

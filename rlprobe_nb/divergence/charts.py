@@ -203,7 +203,8 @@ def _heatmap(table: pd.DataFrame, group: str, statistic: str, names, title: str,
     # the label in a cell answers a hover as the cell does (it covers the cell's centre)
     base = alt.Chart(data).encode(x=alt.X("step:O", title=STEP_AXIS),
                                   y=alt.Y("category:N", sort=order, title=title),
-                                  tooltip=[alt.Tooltip("category:N", title=title), alt.Tooltip("step:O", title="RL step"),
+                                  tooltip=[alt.Tooltip("category:N", title=title),
+                                           alt.Tooltip("step:O", title="RL step"),
                                            alt.Tooltip("interval:N", title="mean Δlogp [95% interval], nats"),
                                            "problems", "rows"])
     cells = base.mark_rect().encode(color=alt.Color(

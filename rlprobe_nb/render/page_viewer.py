@@ -155,7 +155,8 @@ def _script_json(value) -> str:
 def about_html(data: dict) -> str:
     """What the page's viewer holds and does, in words."""
     n = len(data["rollouts"])
-    held = "the rollout it opens on" + ("" if n == 1 else f" and the {n - 1} other rollouts other chapters' pages link to")
+    others = "" if n == 1 else f" and the {n - 1} other rollouts other chapters' pages link to"
+    held = "the rollout it opens on" + others
     return (f"<div class='rp-pv-about'>This page has no kernel: its viewer holds {held}, at every step, "
             f"coloured by {html.escape(data['metric_short'])} on the suite's shared scale. Hover a token for its "
             "numbers, click it for its values over steps and both models' top-k, search the text, move "

@@ -72,7 +72,8 @@
       const o = el("option");
       o.value = r.id;
       const at = r.links.map((l) => l.pos).join(", ");
-      o.textContent = `${r.id} · ${r.texts.length} tokens` + (at ? ` · linked at token${r.links.length > 1 ? "s" : ""} ${at}`
+      const plural = r.links.length > 1 ? "s" : "";
+      o.textContent = `${r.id} · ${r.texts.length} tokens` + (at ? ` · linked at token${plural} ${at}`
                                                                   : " · the viewer opens on it");
       rolloutPick.append(o);
     });
@@ -106,9 +107,11 @@
       const head = `${quoted(rec.texts[j])}  id ${rec.token_id[j]}  pos ${rec.pos[j]}`
         + (cat >= 0 ? `  category ${data.categories[cat]}` : "");
       const lines = [head,
-        `log p    ref ${fixed(ref.logp[j], 4, true)}   ckpt ${fixed(step.logp[j], 4, true)}   Δlogp ${fixed(step.dlogp[j], 4, true)}`,
+        `log p    ref ${fixed(ref.logp[j], 4, true)}   ckpt ${fixed(step.logp[j], 4, true)}   `
+          + `Δlogp ${fixed(step.dlogp[j], 4, true)}`,
         `rank     ref ${padEnd(String(ref.rank[j]), 8)} ckpt ${step.rank[j]}`,
-        `KL(ref‖ckpt) ${fixed(step.kl_ref_ckpt[j], 4)}   KL(ckpt‖ref) ${fixed(step.kl_ckpt_ref[j], 4)}   JS ${fixed(step.js[j], 4)}`,
+        `KL(ref‖ckpt) ${fixed(step.kl_ref_ckpt[j], 4)}   KL(ckpt‖ref) ${fixed(step.kl_ckpt_ref[j], 4)}   `
+          + `JS ${fixed(step.js[j], 4)}`,
         `entropy  ref ${fixed(ref.entropy[j], 4)}   ckpt ${fixed(step.entropy[j], 4)}`,
         step.spike[String(rec.pos[j])] || "not a spike"];
       const a = topk(ref.topk, j), b = topk(step.topk, j);
@@ -116,7 +119,9 @@
       const right = b.ids.map((id, i) => `${label(id)} ${fixed(b.p[i], 3)}`);
       const n = Math.max(left.length, right.length);
       lines.push(`top-${padEnd(String(n), 3)} ${padEnd("reference", 24)} checkpoint`);
-      for (let i = 0; i < n; i++) lines.push(`${padStart(String(i + 1), 4)}    ${padEnd(left[i] || "", 24)} ${right[i] || ""}`);
+      for (let i = 0; i < n; i++) {
+        lines.push(`${padStart(String(i + 1), 4)}    ${padEnd(left[i] || "", 24)} ${right[i] || ""}`);
+      }
       return lines.join("\n");
     }
 
@@ -128,7 +133,8 @@
       const X = (x) => L + (W - L - R) * (x - x0) / ((x1 - x0) || 1);
       const Y = (y) => T + (H - T - B) * (1 - (y - y0) / ((y1 - y0) || 1));
       const line = pts.map((p) => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" ");
-      const dots = pts.map((p) => `<circle cx="${X(p[0]).toFixed(1)}" cy="${Y(p[1]).toFixed(1)}" r="3"><title>step ${p[0]}: ${fixed(p[1], 4, true)}</title></circle>`).join("");
+      const dots = pts.map((p) => `<circle cx="${X(p[0]).toFixed(1)}" cy="${Y(p[1]).toFixed(1)}" r="3">`
+        + `<title>step ${p[0]}: ${fixed(p[1], 4, true)}</title></circle>`).join("");
       const text = (x, y, t, anchor) => `<text x="${x}" y="${y}" font-size="10" text-anchor="${anchor}">${escapeHtml(t)}</text>`;
       return `<svg class="rp-series" width="${W}" height="${H}" role="img" aria-label="${escapeHtml(data.metric_short)} over RL steps">`
         + `<line x1="${L}" x2="${W - R}" y1="${Y(0).toFixed(1)}" y2="${Y(0).toFixed(1)}" stroke="#bbb" stroke-dasharray="3,3"/>`
