@@ -5,9 +5,10 @@ drawn by ``rlprobe_nb.render``).
 Charts (``show``) are interactive in JupyterLab and in the exported pages, offline: each is
 displayed as a Vega-Lite spec (JupyterLab draws it with its own built-in renderer, with
 tooltips and, where both axes are continuous, zoom and pan) beside a static SVG; the book's
-exporter embeds the spec in the page with the Vega scripts inlined once per page
-(``pages.charts``), the SVG showing until they run. The SVG and a PNG are also saved for
-papers.
+exporter embeds the spec in the page, drawn by the Vega scripts beside the pages
+(``pages.charts``), the static SVG showing until they run. Every mark but a text label
+answers a hover with its named values to four significant digits (``readable_tooltips``).
+The SVG and a PNG are also saved for papers.
 """
 
 from __future__ import annotations
