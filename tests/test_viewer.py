@@ -238,9 +238,12 @@ def test_next_spike_says_when_a_step_has_none_and_offers_the_nearest_that_has():
     assert f"no spike is outlined at step {app.steps[without[0]]}" in app.spike_note.value
     assert f"nearest step with one in this rollout is {app.steps[nearest]}" in app.spike_note.value
     assert app.nearest_step.layout.display is None and app.nearest_step.description == f"go to step {app.steps[nearest]} ▶"
+    assert app.next_spike.layout.display is None and app.q.layout.display is None, "the spike controls stay"
     app.nearest_step.click()
     assert app.step.value == nearest and app.selected in set(mine[mine.checkpoint == nearest].pos)
     assert app.spike_note.value == "" and app.nearest_step.layout.display == "none"
+    assert app.next_spike.layout.display is None and app.compare_a.layout.display is None, \
+        "hiding the offer hides nothing else (a Layout each)"
     elsewhere = V.open_viewer(suite["tokens"], sp[sp.rollout_id != rid], synthetic.decode, rollout_id=rid)
     assert elsewhere.jump_to_next_spike() is None and "nor at any other step" in elsewhere.spike_note.value
     assert elsewhere.nearest_step.layout.display == "none"

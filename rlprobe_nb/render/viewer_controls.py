@@ -41,7 +41,10 @@ def build_controls(app, metric: str, quantile: float, q: float, groups: list, ca
     steps = [(str(app.steps[c]), c) for c in app.checkpoints]
     named = [(f"step {app.steps[c]} · {c}", c) for c in app.checkpoints]
     wide = {"description_width": "initial"}
-    fit = W.Layout(width="auto")  # as wide as its content, never squeezed below it
+
+    def fit():  # as wide as its content; a Layout of its own (hiding one hides all who share it)
+        return W.Layout(width="auto")
+
     app.group = W.Dropdown(options=[ALL, *groups], description="group", layout=W.Layout(width="14em"))
     app.problem = W.Dropdown(description="problem", layout=W.Layout(width="16em"))
     app.rollout = W.Dropdown(description="rollout", layout=W.Layout(width="100%", max_width="48em"),
@@ -52,8 +55,8 @@ def build_controls(app, metric: str, quantile: float, q: float, groups: list, ca
                                  continuous_update=False, layout=W.Layout(width="22em"))
     app.play = W.Play(min=0, max=len(steps) - 1, value=len(steps) - 1, interval=1200, description="play")
     W.link((app.play, "value"), (app.step, "index"))
-    app.compare_a = W.Dropdown(options=named, value=app.checkpoints[0], description="A", layout=fit)
-    app.compare_b = W.Dropdown(options=named, value=app.checkpoints[-1], description="B", layout=fit)
+    app.compare_a = W.Dropdown(options=named, value=app.checkpoints[0], description="A", layout=fit())
+    app.compare_b = W.Dropdown(options=named, value=app.checkpoints[-1], description="B", layout=fit())
     app.metric = W.Dropdown(options=[(m.short, m.name) for m in METRICS.values()], value=metric,
                             description="metric", layout=W.Layout(width="14em"))
     app.scale_kind = W.Dropdown(options=["shared", "per-rollout"], value="shared", description="scale",
@@ -62,11 +65,11 @@ def build_controls(app, metric: str, quantile: float, q: float, groups: list, ca
     app.clip = W.FloatSlider(value=quantile, min=0.9, max=1.0, step=0.005, readout_format=".3f",
                              description="clip at quantile", continuous_update=False, style=wide,
                              layout=W.Layout(width="24em", min_width="24em"))
-    app.q = W.Dropdown(options=Q_CHOICES, value=q, description="spikes q ≤", style=wide, layout=fit)
+    app.q = W.Dropdown(options=Q_CHOICES, value=q, description="spikes q ≤", style=wide, layout=fit())
     app.category = W.Dropdown(options=[ALL, *categories], description="category", layout=W.Layout(width="16em"))
-    app.next_spike = W.Button(description="next spike ▶", disabled=not has_spikes, layout=fit)
+    app.next_spike = W.Button(description="next spike ▶", disabled=not has_spikes, layout=fit())
     app.spike_note = W.HTML()
-    app.nearest_step = W.Button(layout=fit)
+    app.nearest_step = W.Button(layout=fit())
     app.token = W.Text(value="", placeholder=NO_TOKEN, description="token pos", style=wide,
                        layout=W.Layout(width="16em"), continuous_update=False)
     app.info = W.HTML()
