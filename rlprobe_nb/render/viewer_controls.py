@@ -14,7 +14,7 @@ from rlprobe_nb.render.metrics import METRICS
 
 ALL = "(all)"
 Q_CHOICES = [0.001, 0.01, 0.05, 0.1]
-NO_TOKEN = "none: click a token"
+NO_TOKEN = "none"
 
 
 def _row(children, **layout):

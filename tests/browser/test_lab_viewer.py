@@ -133,6 +133,9 @@ CONTROLS_UNREADABLE = """() => {
   }
   for (const input of root.querySelectorAll('input[type=text], input[type=number]')) {
     if (/^-1$/.test(input.value.trim())) out.push(`a sentinel shown: ${input.value}`);
+    const shown = input.value || input.placeholder, s = getComputedStyle(input);
+    const room = input.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+    if (input.getBoundingClientRect().width && width(input, shown) > room) out.push(`text cut: ${shown}`);
   }
   return out;
 }"""
