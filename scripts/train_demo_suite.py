@@ -16,8 +16,11 @@ A CPU dry run of every stage in a minute (tiny settings):
 
     python scripts/train_demo_suite.py --out /tmp/dbg --device cpu --tiny all
 
-<out>/run.json records the command, configurations, seeds, versions and timings. A rerun
-with the same --out resumes GRPO from its saved state and redoes the evaluation.
+<out>/run.json records the command, configurations, seeds, versions, timings and the stop
+token every model was trained to end with: the GGUF metadata's EOS. A tokenizer whose EOS
+disagrees with the metadata (a transformers version that converts it otherwise) is
+refused before any stage starts. A rerun with the same --out resumes GRPO from its saved
+state and redoes the evaluation.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from rlprobe_nb.demo import grpo, sft  # noqa: E402
+from rlprobe_nb.demo import end_of_turn, grpo, sft  # noqa: E402
 from rlprobe_nb.problems import arithmetic  # noqa: E402
 from rlprobe_nb.tables import provenance  # noqa: E402
 
@@ -156,9 +159,22 @@ def run_eval(args) -> dict:
             "split": "test", "problem_seed": args.seed}
 
 
+def checked_stop() -> dict:
+    """The stop token record, refusing a tokenizer whose EOS is not the GGUF metadata's."""
+    from transformers import AutoTokenizer
+
+    from rlprobe_nb.suite import gguf_cache, paths
+
+    converted = gguf_cache.convert_gguf(gguf_cache.demo_gguf_path(), paths.cache_dir() / "models")
+    return end_of_turn.check_tokenizer(AutoTokenizer.from_pretrained(str(converted)))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
+    stop = checked_stop()
+    print(f"stop tokens {stop['stop_tokens']} (ids {stop['stop_token_ids']}, "
+          f"from the {stop['stop_source']})", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     stages = ["sft", "grpo", "eval"] if args.stage == "all" else [args.stage]
     for stage in stages:
@@ -174,12 +190,13 @@ def main(argv=None) -> int:
         result["wall_seconds"] = round(time.time() - t0, 1)
         (out / f"{stage}.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     if args.stage in ("all", "eval"):
-        write_run_record(args, out)
+        write_run_record(args, out, stop)
     return 0
 
 
-def write_run_record(args, out: Path) -> None:
+def write_run_record(args, out: Path, stop: dict) -> None:
     record = {
+        **stop,
         "command": " ".join(["python", "scripts/train_demo_suite.py", *sys.argv[1:]]),
         "device": args.device,
         "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda")

@@ -161,15 +161,15 @@ def train(cfg: SFTConfig, out: str | Path, device: str = "cuda", workers: int = 
     training run's own folder, e.g. ``<run>/sft``)."""
     from peft import LoraConfig, get_peft_model
 
+    from rlprobe_nb.demo import end_of_turn
     from rlprobe_nb.demo.grpo.policy import Sampler
     from rlprobe_nb.progress import tqdm
-    from rlprobe_nb.suite import gguf_cache
 
     cfg.validate()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if model is None:
-        model, tokenizer = gguf_cache.demo_model(dtype=torch.float32, device=device)
+        model, tokenizer = end_of_turn.training_model(dtype=torch.float32, device=device)
     train_set, dev = split_data(cfg)
     examples = [encode(tokenizer, p) for p in train_set]
     sampler = Sampler(model, device)
@@ -198,7 +198,8 @@ def train(cfg: SFTConfig, out: str | Path, device: str = "cuda", workers: int = 
             csv.DictWriter(f, LOG_COLUMNS).writerow({**row, "seconds": round(time.time() - t0, 2)})
         if step in cfg.eval_steps:
             save_adapter(policy, out / "checkpoints" / f"sft_step_{step}",
-                         {"stage": "sft", "step": step, "config": cfg.as_dict()})
+                         {"stage": "sft", "step": step, "config": cfg.as_dict(),
+                          "stop_tokens": [tokenizer.eos_token]})
             evals.append({"step": step, **_eval(sampler, policy, tokenizer, dev, device, cfg, workers)})
             print(f"SFT step {step}: boxed {evals[-1]['boxed']:.3f} "
                   f"accuracy {evals[-1]['accuracy']:.3f}", flush=True)

@@ -28,6 +28,7 @@ from rlprobe_nb.generation import decoding, sampling
 from rlprobe_nb.problems import grading
 from rlprobe_nb.progress import tqdm
 from rlprobe_nb.statistics import seed_from
+from rlprobe_nb.suite import stop_tokens
 from rlprobe_nb.suite.prompting import prompt_ids
 from rlprobe_nb.tables import schemas, storage
 
@@ -47,14 +48,12 @@ PerRowSampler = sampling.SeededLogitsProcessor
 
 
 def eos_ids(model, tokenizer) -> list[int]:
-    ids = set()
-    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if source is None:
-            continue
-        ids.update([source] if isinstance(source, int) else source)
-    if not ids:
-        raise ValueError("the tokenizer and model define no EOS token; generation could not stop")
-    return sorted(int(i) for i in ids)
+    """The ids sampling stops at: the model's generation config (``models.load_model``
+    writes the suite's stop tokens there, exactly), else its tokenizer's EOS."""
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    if configured is None:
+        return stop_tokens.default_ids(model, tokenizer)
+    return sorted({int(configured)} if isinstance(configured, int) else {int(i) for i in configured})
 
 
 def temperature_of(temperatures: list[float], sample: int) -> float:

@@ -44,6 +44,24 @@ def demo_gguf_path() -> Path:
     )
 
 
+def metadata_eos(gguf_path: str | os.PathLike) -> tuple[int, str]:
+    """The end-of-sequence token (id, text) as the GGUF file's own metadata names it.
+
+    This, not the converted tokenizer's ``eos_token``, is the file's word: the conversion
+    depends on the transformers version (5.17 converts this demo model's tokenizer with
+    EOS ``<|im_start|>``, 5.24 with ``<|im_end|>``, which is what the metadata says)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    eos = reader.fields.get("tokenizer.ggml.eos_token_id")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if eos is None or tokens is None:
+        raise ValueError(f"{gguf_path} names no EOS token in its metadata "
+                         "(tokenizer.ggml.eos_token_id)")
+    token_id = int(eos.contents())
+    return token_id, str(tokens.contents(token_id))
+
+
 def cache_entry(gguf_path: str | os.PathLike, cache_root: str | os.PathLike) -> Path:
     return Path(cache_root) / sha256_file(gguf_path)[:16]
 

@@ -6,8 +6,10 @@ A model is one of (see params.MODEL_KEYS):
   gguf  -- a GGUF file (a path, or a file shipped inside a Python package); converted once
            to safetensors under paths.cache_dir()/models and loaded from there afterwards
   peft  -- a PEFT/LoRA adapter (folder or hub id) over another model of the suite; merged
-           into the base for speed
-Loading records the resolved revision or file hashes and the tokenizer and chat-template
+           into the base for speed. A folder may hold the adapter in 8 bits
+           (``compact_adapters``), decoded once into the cache
+Every model stops generating at its ``stop_tokens`` (``stop_tokens``): declared in its
+spec, or its base's, or its own EOS. Loading records the resolved revision or file hashes and the tokenizer and chat-template
 hashes. Two models whose tokenizers differ are refused for comparison.
 """
 
@@ -21,7 +23,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from rlprobe_nb.suite import paths
+from rlprobe_nb.suite import compact_adapters, paths, stop_tokens
 from rlprobe_nb.suite.params import Params, ParamsError
 from rlprobe_nb.suite.tokenizers import check_same_tokenizer, tokenizer_identity  # noqa: F401 (re-exported)
 from rlprobe_nb.tables.provenance import sha256_file
@@ -132,7 +134,8 @@ def model_identity(name: str, P: Params) -> dict[str, Any]:
 def _identity(name: str, P: Params) -> dict[str, Any]:
     spec = P.model_spec(name)
     kind = spec["kind"]
-    ident: dict[str, Any] = {"kind": kind}
+    ident: dict[str, Any] = {"kind": kind,
+                             "stop_tokens": stop_tokens.declared(name, P) or "model's own EOS"}
     if kind == "hub":
         ident.update(id=spec["id"], commit=_hub_commit(spec["id"], spec.get("revision")))
     elif kind == "local":
@@ -148,14 +151,32 @@ def _identity(name: str, P: Params) -> dict[str, Any]:
         ident["converted"] = folder_identity(gguf_cache.convert_gguf(path, paths.cache_dir() / "models"))
     else:
         if "path" in spec:
-            source = paths.resolve(spec["path"])
-            if not (source / "adapter_model.safetensors").exists():
-                raise ModelLoadError(f"model {name!r}: no adapter_model.safetensors in {source}")
+            source = adapter_folder(name, spec)
+            check_training_record(name, P, source)
             ident["files"] = folder_identity(source)
         else:
             ident.update(id=spec["id"], commit=_hub_commit(spec["id"], spec.get("revision")))
         ident["base"] = model_identity(spec["base"], P)
     return ident
+
+
+def adapter_folder(name: str, spec: dict) -> Path:
+    """The folder of a peft model's adapter, checked to hold weights (PEFT's or compact)."""
+    source = paths.resolve(spec["path"])
+    if not ((source / compact_adapters.PEFT_FILE).is_file() or compact_adapters.is_compact(source)):
+        raise ModelLoadError(f"model {name!r}: no {compact_adapters.PEFT_FILE} (nor "
+                             f"{compact_adapters.ENCODED_FILE}) in {source}")
+    return source
+
+
+def check_training_record(name: str, P: Params, source: Path) -> None:
+    """An adapter whose training record names its stop tokens must get the same ones."""
+    import json
+
+    record = source / stop_tokens.TRAINING_RECORD
+    if record.is_file():
+        recorded = json.loads(record.read_text()).get("stop_tokens")
+        stop_tokens.check_recorded(name, recorded, stop_tokens.declared(name, P), record)
 
 
 def tokenizer_facts(tok) -> dict:
@@ -218,12 +239,13 @@ def _load(name: str, P: Params, device: str, dtype) -> tuple[Any, Any, dict]:
 
         base, tok, base_prov = _load(spec["base"], P, device, dtype)
         if "path" in spec:
-            source = paths.resolve(spec["path"])
-            weights = source / "adapter_model.safetensors"
-            if not weights.exists():
-                raise ModelLoadError(f"model {name!r}: no adapter_model.safetensors in {source}")
+            source = adapter_folder(name, spec)
+            check_training_record(name, P, source)
+            weights = source / (compact_adapters.ENCODED_FILE if compact_adapters.is_compact(source)
+                                else compact_adapters.PEFT_FILE)
             prov.update(path=str(source), adapter_sha256=sha256_file(weights))
-            peft_model = _peft_from_pretrained(PeftModel, base, str(source))
+            loadable = compact_adapters.loadable(source, paths.cache_dir() / "adapters")
+            peft_model = _peft_from_pretrained(PeftModel, base, str(loadable))
         else:
             commit = _hub_commit(spec["id"], spec.get("revision"))
             prov.update(id=spec["id"], revision=spec.get("revision"), commit=commit)
@@ -240,8 +262,12 @@ def load_model(name: str, P: Params) -> LoadedModel:
     device = resolve_device(P.runtime.device)
     dtype = torch_dtype(P.runtime.dtype)
     model, tok, prov = _load(name, P, device, dtype)
+    # the generation config is what every sampler here reads its stop ids from
+    model.generation_config.eos_token_id = stop_tokens.resolve(name, P, model, tok)
     head = model.get_output_embeddings().weight
     prov.update(tokenizer_facts(tok), device=device, dtype=P.runtime.dtype,
+                stop_tokens=stop_tokens.declared(name, P),
+                stop_token_ids=list(model.generation_config.eos_token_id),
                 lm_head_rows=int(head.shape[0]),
                 n_params=int(sum(p.numel() for p in model.parameters())))
     return LoadedModel(name=name, model=model, tokenizer=tok, provenance=prov)

@@ -201,11 +201,15 @@ def _check_range(value: Any, dotted: str, where: str) -> None:
 
 
 MODEL_KEYS = {
-    "hub": {"kind", "id", "revision", "description"},
-    "local": {"kind", "path", "description"},
-    "gguf": {"kind", "path", "package", "file", "description"},
-    "peft": {"kind", "base", "path", "id", "revision", "description"},
+    "hub": {"kind", "id", "revision", "description", "stop_tokens"},
+    "local": {"kind", "path", "description", "stop_tokens"},
+    "gguf": {"kind", "path", "package", "file", "description", "stop_tokens"},
+    "peft": {"kind", "base", "path", "id", "revision", "description", "stop_tokens"},
 }
+# ``stop_tokens``: the token texts generation stops at (a list, e.g. ['<|im_end|>']). A
+# model trained to end its answers with a token must be sampled to stop there; a peft
+# model without the key stops where its base does; a model with neither stops at its own
+# EOS (generation config and tokenizer).
 MODEL_REQUIRED = {"hub": {"id"}, "local": {"path"}, "gguf": set(), "peft": {"base"}}
 
 SECTIONS = {
@@ -290,6 +294,14 @@ def build_section(cls, raw: Any, source: str, section: str, base=None):
     return cls(**values)
 
 
+def _check_stop_tokens(value: Any, where: str) -> None:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ParamsError(f"{where}: expected a non-empty list of token texts, e.g. "
+                          f"['<|im_end|>'], got {value!r}")
+    if len(set(value)) != len(value):
+        raise ParamsError(f"{where}: {value!r} lists a token more than once")
+
+
 def check_model(name: str, spec: Any, source: str) -> dict:
     where = f"{source}: model '{name}'"
     if not isinstance(spec, dict) or "kind" not in spec:
@@ -303,7 +315,9 @@ def check_model(name: str, spec: Any, source: str) -> dict:
                 f"{where}: unknown key '{key}'{hint(key, MODEL_KEYS[kind])} for kind "
                 f"{kind!r}; valid keys: {sorted(MODEL_KEYS[kind])}"
             )
-        if not isinstance(value, str):
+        if key == "stop_tokens":
+            _check_stop_tokens(value, f"{where}: key 'stop_tokens'")
+        elif not isinstance(value, str):
             raise ParamsError(f"{where}: key '{key}': expected a string, got {value!r}")
     missing = MODEL_REQUIRED[kind] - set(spec)
     if missing:

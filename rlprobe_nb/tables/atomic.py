@@ -62,6 +62,35 @@ def atomic_path(path: str | os.PathLike, content_named: bool = False) -> Iterato
             tmp.unlink()
 
 
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike, keep_existing: bool = False) -> Iterator[Path]:
+    """Yield a private temporary folder beside ``path``; on success rename it into place,
+    replacing the old folder (or, with ``keep_existing``, leaving a folder already there:
+    another process finished the same content first). On any error it is removed."""
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            os.chmod(f, DIR_MODE if f.is_dir() else FILE_MODE)
+        os.chmod(tmp, DIR_MODE)
+        if path.exists() and not keep_existing:
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if not (keep_existing and path.exists()):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

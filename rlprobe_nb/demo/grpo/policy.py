@@ -13,10 +13,10 @@ def load_policy(cfg: GRPOConfig, device: str, model=None, tokenizer=None):
     set) with a fresh LoRA adapter, its tokenizer, and a Sampler."""
     from peft import LoraConfig, get_peft_model
 
-    from rlprobe_nb.suite import gguf_cache
+    from rlprobe_nb.demo import end_of_turn
 
     if model is None:
-        model, tokenizer = gguf_cache.demo_model(dtype=torch.float32, device=device)
+        model, tokenizer = end_of_turn.training_model(dtype=torch.float32, device=device)
     if cfg.start_adapter:
         model = merge_adapter(model, cfg.start_adapter)
     sampler = Sampler(model, device)

@@ -70,7 +70,8 @@ def train(cfg: GRPOConfig, out: str | os.PathLike, device: str = "cuda", workers
             bar.set_postfix(acc=f"{row['accuracy']:.2f}", kl=f"{row['kl_to_start']:.3f}")
             if step in cfg.save_steps or step == cfg.total_steps:
                 save_adapter(policy, out / "adapters" / f"{cfg.adapter_prefix}_step_{step}",
-                             {"step": step, "config": cfg.as_dict()}, base_model=_base_name(cfg))
+                             {"step": step, "config": cfg.as_dict(),
+                              "stop_tokens": [tokenizer.eos_token]}, base_model=_base_name(cfg))
         rnd += 1
         if step - last_ckpt >= cfg.checkpoint_every or step >= cfg.total_steps:
             save_state(out, policy, optimizer, step, rnd, cfg)
