@@ -41,8 +41,7 @@ PAGE_CSS = """
 .rp-page-viewer{font:13px sans-serif;color:#111;margin:6px 0}
 .rp-pv-about{font-size:12px;color:#333;margin:2px 0 6px 0;max-width:60em}
 .rp-pv-bar{display:flex;flex-wrap:wrap;gap:6px 14px;align-items:center;margin:4px 0}
-.rp-pv-bar label{display:flex;gap:6px;align-items:center}
-.rp-pv-bar label{max-width:100%}
+.rp-pv-bar label{display:flex;gap:6px;align-items:center;max-width:100%}
 .rp-pv-bar select{max-width:min(40em, 100%);font:13px sans-serif}
 .rp-pv-step input{width:14em}
 .rp-pv-note{color:#333}
@@ -154,9 +153,11 @@ def _script_json(value) -> str:
 
 def about_html(data: dict) -> str:
     """What the page's viewer holds and does, in words."""
-    n = len(data["rollouts"])
-    others = "" if n == 1 else f" and the {n - 1} other rollouts other chapters' pages link to"
-    held = "the rollout it opens on" + others
+    others = len(data["rollouts"]) - 1
+    held = "the rollout it opens on"
+    if others:
+        rollouts = "other rollout" if others == 1 else f"{others} other rollouts"
+        held += f" and the {rollouts} other chapters' pages link to"
     return (f"<div class='rp-pv-about'>This page has no kernel: its viewer holds {held}, at every step, "
             f"coloured by {html.escape(data['metric_short'])} on the suite's shared scale. Hover a token for its "
             "numbers, click it for its values over steps and both models' top-k, search the text, move "
