@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -85,7 +86,7 @@ def main(argv=None):
         finally:
             forcing.HiddenCache.save_head = real_head
         real_save = forcing.HiddenCache.save
-        forcing.HiddenCache.save = lambda self, members, hidden: None
+        forcing.HiddenCache.save = lambda self, members, hidden, batch_tokens: None
         try:
             run("hidden states to host, no disk")
         finally:
@@ -100,7 +101,7 @@ def main(argv=None):
             return self.folder
 
         try:
-            forcing.engine.rows_table = lambda members, host, *a, **k: None
+            forcing.engine.rows_table = lambda members, host, *a, **k: pa.table({})  # no rows
             storage.ShardedTable.write_shard = lambda self, key, df: None
             storage.ShardedTable.finish = finish_without_rows
             run("no table rows", save_hidden=False)

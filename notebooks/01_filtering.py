@@ -29,7 +29,7 @@ from typing import Optional
 
 import pandas as pd
 
-from rlprobe_nb import statistics
+from rlprobe_nb import reporting, statistics
 from rlprobe_nb.generation import rollouts
 from rlprobe_nb.problems import filtering, grading
 from rlprobe_nb.problems import sources as problem_sources
@@ -145,7 +145,7 @@ SELECTION[SELECTION["group"] != "excluded"].head(10)
 
 # %%
 GREEDY_TEST = filtering.greedy_mcnemar(SELECTION)
-pd.Series(GREEDY_TEST)
+reporting.display_table(pd.DataFrame([GREEDY_TEST]))
 
 # %% [markdown]
 # ## Tables written

@@ -38,11 +38,15 @@
 # an interval ("excludes 0", "most", "meets") is made. The first response token is left
 # out (its prediction depends on the prompt alone and repeats across rollouts) and shown
 # on its own with EOS.
+#
+# Every aggregate is a table under `data/<suite>/`, keyed by the token tables, the
+# chapter's code and its parameters: a rerun with nothing changed reads them back and
+# says so in one line; after a change it refuses, naming what changed, until it is run
+# with `-p overwrite True`.
 
 # %%
 from typing import Optional
 
-import pandas as pd
 from IPython.display import Markdown, display
 
 from rlprobe_nb import reporting, views
@@ -57,6 +61,7 @@ suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPR
 group: str = "target"  # the rollouts described: target, ref_right or control
 seed: int = 0  # seed of the bootstrap over problems
 min_problems: int = 5  # fewest problems an interval is printed from (fewer: the estimate alone)
+overwrite: bool = False  # recompute tables computed from other inputs (without it they are refused, naming what changed)
 
 # %%
 params.check_notebook_parameters(globals())
@@ -71,6 +76,7 @@ FIGURES = paths.figures_dir(P.suite)
 print(f"suite {P.suite!r}: {TOKENS.checkpoint.nunique()} checkpoints against {P.reference!r}, "
       f"{len(TOKENS)} token rows, {TOKENS.rollout_id.nunique()} rollouts, "
       f"{TOKENS.problem_id.nunique()} problems; intervals from {min_problems} problems on")
+TABLES = summary.chapter_tables(P, TOKENS, seed, min_problems, overwrite)
 
 # %% [markdown]
 # ## What was forced
@@ -116,11 +122,13 @@ carried.sort_values("problems", ascending=False)
 # contributions of a label's tokens add up to the change.
 
 # %%
-WHEN = summary.when_table(TOKENS, seed=seed)
-PER_PROBLEM = summary.per_problem_means(TOKENS)
-CHANGES = summary.step_changes(TOKENS, seed=seed)
-GROUND_TRUTH = summary.category_table(TOKENS, LABEL, seed=seed)
-CONTRIBUTIONS = phases.change_contributions(TOKENS, LABEL, seed=seed)
+WHEN = TABLES.get("divergence_when", summary.when_table, TOKENS, seed=seed)
+PER_PROBLEM = TABLES.get("divergence_per_problem", summary.per_problem_means, TOKENS)
+CHANGES = TABLES.get("divergence_changes", summary.step_changes, TOKENS, seed=seed)
+GROUND_TRUTH = TABLES.get("divergence_ground_truth", summary.category_table, TOKENS, LABEL,
+                          seed=seed)
+CONTRIBUTIONS = TABLES.get("divergence_change_by_label", phases.change_contributions, TOKENS,
+                           LABEL, seed=seed)
 views.show(charts.when_chart(WHEN, PER_PROBLEM, group, accuracy=ACCURACY,
                              ground_truth=GROUND_TRUTH), save_as=FIGURES / "04_when")
 
@@ -134,7 +142,7 @@ Markdown(narrative.say_when(WHEN, CHANGES, group) + "\n\n"
 # with the result).
 
 # %%
-ONSETS = phases.onsets(GROUND_TRUTH)
+ONSETS = TABLES.get("divergence_onsets", phases.onsets, GROUND_TRUTH)
 Markdown(narrative.say_phases(ONSETS, group))
 
 # %%
@@ -165,8 +173,8 @@ views.show(charts.group_contrast_chart(WHEN), save_as=FIGURES / "04_groups")
 # 1 nat with intervals.
 
 # %%
-ECDF = summary.ecdf_table(TOKENS)
-TAILS = summary.tail_table(TOKENS, seed=seed)
+ECDF = TABLES.get("divergence_ecdf", summary.ecdf_table, TOKENS)
+TAILS = TABLES.get("divergence_tails", summary.tail_table, TOKENS, seed=seed)
 views.show(charts.ecdf_chart(ECDF, group), save_as=FIGURES / "04_ecdf")
 
 # %%
@@ -180,7 +188,7 @@ Markdown(narrative.say_tails(TAILS, group))
 # and the first response token and EOS on their own.
 
 # %%
-POSITION = summary.position_table(TOKENS, seed=seed)
+POSITION = TABLES.get("divergence_position", summary.position_table, TOKENS, seed=seed)
 views.show(charts.position_chart(POSITION, group), save_as=FIGURES / "04_position")
 
 # %% [markdown]
@@ -191,7 +199,8 @@ views.show(charts.position_chart(POSITION, group), save_as=FIGURES / "04_positio
 # come from too few problems.
 
 # %%
-CATEGORIES = summary.category_table(TOKENS, CATEGORY, seed=seed)
+CATEGORIES = TABLES.get("divergence_categories", summary.category_table, TOKENS, CATEGORY,
+                        seed=seed)
 views.show(charts.category_heatmap(CATEGORIES, group, ground_truth=GROUND_TRUTH),
            save_as=FIGURES / "04_categories")
 
@@ -201,8 +210,10 @@ views.show(charts.category_heatmap(CATEGORIES, group, ground_truth=GROUND_TRUTH)
 # differences to the runner-up and to every other category, paired over problems, exclude 0.
 
 # %%
-CONTRASTS = phases.contrasts(TOKENS, CATEGORY, "token_category", seed=seed)
-LABEL_CONTRASTS = phases.contrasts(TOKENS, LABEL, "ground_truth", seed=seed)
+BOTH = TABLES.get("divergence_contrasts", phases.contrast_table, TOKENS, CATEGORY, LABEL,
+                  seed=seed)
+CONTRASTS, LABEL_CONTRASTS = (BOTH[BOTH.scheme == scheme]
+                              for scheme in ("token_category", "ground_truth"))
 display(views.show(charts.category_share_chart(CATEGORIES, group),
                    save_as=FIGURES / "04_category_shares"))
 Markdown("**By token category.** " + narrative.say_categories(CATEGORIES, CONTRASTS, group)
@@ -220,8 +231,8 @@ Markdown("**By token category.** " + narrative.say_categories(CATEGORIES, CONTRA
 # means something only where it exceeds both.
 
 # %%
-DECILES = entropy.entropy_decile_table(TOKENS, seed=seed)
-SHARE = entropy.high_entropy_share(TOKENS, seed=seed)
+DECILES = TABLES.get("entropy_deciles", entropy.entropy_decile_table, TOKENS, seed=seed)
+SHARE = TABLES.get("entropy_share", entropy.high_entropy_share, TOKENS, seed=seed)
 views.show(charts.entropy_chart(DECILES, group), save_as=FIGURES / "04_entropy")
 
 # %%
@@ -234,7 +245,7 @@ Markdown(narrative.say_concentration(SHARE, group))
 # Spearman's rank correlation of the per-token KL(ref‖ckpt) between every two steps.
 
 # %%
-SIMILARITY = summary.step_similarity(TOKENS, seed=seed)
+SIMILARITY = TABLES.get("divergence_similarity", summary.step_similarity, TOKENS, seed=seed)
 views.show(charts.similarity_heatmap(SIMILARITY, group), save_as=FIGURES / "04_similarity")
 
 # %% [markdown]
@@ -260,7 +271,7 @@ views.show(charts.similarity_heatmap(SIMILARITY, group), save_as=FIGURES / "04_s
 # temperature, in both directions:
 
 # %%
-LAB = lab.estimator_table(TOKENS, seed=seed)
+LAB = TABLES.get("estimator_lab", lab.estimator_table, TOKENS, seed=seed)
 display(views.show(charts.estimator_bias_chart(LAB, group), save_as=FIGURES / "04_estimator_bias"))
 COUNTS = lab.temperature_problems(TOKENS)
 Markdown(narrative.say_temperature_problems(COUNTS, group))
@@ -299,7 +310,7 @@ views.show(charts.estimator_scatter_chart(SCATTER, "k3", "kl_ref_ckpt"),
 # weights' bounds:
 
 # %%
-REWEIGHTED = lab.reweighted_table(TOKENS, seed=seed)
+REWEIGHTED = TABLES.get("estimator_reweighted", lab.reweighted_table, TOKENS, seed=seed)
 shown_rows = REWEIGHTED[REWEIGHTED.group == group].drop(columns=["group", "checkpoint"])
 display(reporting.display_table(shown_rows, {
     "reweighted error [95% interval, weights' bounds]": ("error_mid", "low", "high", "problems",
@@ -333,18 +344,8 @@ Markdown(narrative.say_t1_check(CHECK))
 #
 # ## The tables
 #
-# Every aggregate above is written under `data/<suite>/` with its schema and a manifest.
+# Every aggregate above is a table under `data/<suite>/`, with its schema and a manifest
+# that records what it was computed from.
 
 # %%
-written = summary.write_aggregates(P, {
-    "divergence_when": WHEN, "divergence_per_problem": PER_PROBLEM,
-    "divergence_changes": CHANGES, "divergence_ecdf": ECDF, "divergence_tails": TAILS,
-    "divergence_position": POSITION, "divergence_categories": CATEGORIES,
-    "divergence_ground_truth": GROUND_TRUTH, "divergence_onsets": ONSETS,
-    "divergence_change_by_label": CONTRIBUTIONS,
-    "divergence_contrasts": pd.concat([CONTRASTS, LABEL_CONTRASTS], ignore_index=True),
-    "divergence_similarity": SIMILARITY, "entropy_deciles": DECILES, "entropy_share": SHARE,
-    "estimator_lab": LAB, "estimator_reweighted": REWEIGHTED},
-    seed=seed, settings={"group": group, "min_problems": min_problems},
-    extra={"token_rows": len(TOKENS), "checkpoints": sorted(TOKENS.checkpoint.unique())})
-print("\n".join(str(folder) for folder in written))
+print("\n".join(str(folder) for folder in TABLES.folders.values()))

@@ -25,6 +25,11 @@
 # changes too small to matter, say which way each spike goes relative to the token the
 # reference wrote, measure how large a change the test can find in this suite's own
 # tables, and follow every spike, and every kind of token, across the training steps.
+#
+# What the chapter computes is kept in tables under `data/<suite>/`, keyed by the token
+# tables, the chapter's code and its parameters: a rerun with nothing changed reads them
+# back and says so in one line; after a change it refuses, naming what changed, until it
+# is run with `-p overwrite True`.
 
 # %%
 from typing import Optional
@@ -34,20 +39,19 @@ from IPython.display import Markdown
 from rlprobe_nb import views
 from rlprobe_nb.spikes import (
                                   across_steps,
+                                  chapter,
                                   charts,
-                                  detect,
                                   external,
                                   narrative,
                                   onsets,
                                   plants,
-                                  simulate,
                                   spike_rates,
                                   summary,
                                   table,
 )
 from rlprobe_nb.render import viewer_links
 from rlprobe_nb.suite import models, params, paths
-from rlprobe_nb.tables import lineage, provenance, schemas, suite_tables
+from rlprobe_nb.tables import suite_tables
 
 # %% tags=["parameters"]
 suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
@@ -59,6 +63,7 @@ n_top: int = 12  # rows of the tables of strongest spikes and departures
 plants_per_size: int = 10  # plants of each size in a checkpoint's table, per run of the plant check
 plant_runs: int = 2  # runs of the plant check per checkpoint (each with its own plants)
 seed: int = 0  # of the cross-fitting folds, the plants, the bootstrap and the calibration splits
+overwrite: bool = False  # recompute tables computed from other inputs (without it they are refused, naming what changed)
 
 # %%
 params.check_notebook_parameters(globals())
@@ -71,6 +76,9 @@ figures = paths.figures_dir(P.suite)
 print(f"suite {P.suite!r}: {TOKENS.checkpoint.nunique()} checkpoints vs {P.reference!r}, "
       f"{len(TOKENS)} rows, {TOKENS.problem_id.nunique()} problems; BH at q = {q}, spikes of "
       f"at least {min_effect} nats ({divergence}); {len(P.placebos)} placebo checkpoints")
+TABLES = chapter.chapter_tables(P, TOKENS, NULL_USED, {
+    "q": q, "min_effect": min_effect, "divergence": divergence, "group": group, "seed": seed,
+    "plants_per_size": plants_per_size, "plant_runs": plant_runs}, overwrite)
 
 # %% [markdown]
 # ## Which null
@@ -104,7 +112,8 @@ NULL_USED
 # ## The spikes per checkpoint
 
 # %%
-tests = detect(TOKENS, q=q, min_effect=min_effect, divergence=divergence, seed=seed, nulls=NULLS)
+tests = TABLES.get("spike_tests", chapter.tests_table, TOKENS, P.suite, q=q,
+                   min_effect=min_effect, divergence=divergence, seed=seed, nulls=NULLS)
 SUMMARY = summary(tests)
 SUMMARY
 
@@ -120,9 +129,9 @@ SUMMARY
 # spike contexts elsewhere in a planted table.
 
 # %%
-CHECK = plants.plant_check(TOKENS, NULLS, sizes=(-1.0, -3.0), n=plants_per_size,
-                           runs=plant_runs, seed=seed, q=q, min_effect=min_effect,
-                           divergence=divergence)
+CHECK = TABLES.get("spike_plants", plants.plant_check, TOKENS, NULLS, sizes=(-1.0, -3.0),
+                   n=plants_per_size, runs=plant_runs, seed=seed, q=q, min_effect=min_effect,
+                   divergence=divergence)
 CHECK
 
 # %%
@@ -135,8 +144,8 @@ Markdown(narrative.say_power(CHECK, tests, q))
 # the null's tail, read from this suite's data, is too wide for BH to reach them.
 
 # %%
-plants.plant_ranks(TOKENS, NULLS, sizes=(-3.0,), n=plants_per_size, seed=seed,
-                   divergence=divergence)
+TABLES.get("spike_plant_ranks", plants.plant_ranks, TOKENS, NULLS, sizes=(-3.0,),
+           n=plants_per_size, seed=seed, divergence=divergence)
 
 # %% [markdown]
 # ## Is the test calibrated here?
@@ -149,13 +158,8 @@ plants.plant_ranks(TOKENS, NULLS, sizes=(-3.0,), n=plants_per_size, seed=seed,
 # simulated null table of the same size and typical drift (nothing planted).
 
 # %%
-target = TOKENS[TOKENS.checkpoint == TOKENS.checkpoint.iloc[-1]]
-halves_of = NULLS.get(target.checkpoint.iloc[0], target)
-null_tests = detect(simulate.null_like(target), q=q, min_effect=0.0, divergence=divergence)
-pvalues = charts.pvalues_by_label(**{
-    f"{target.checkpoint.iloc[0]} (real)": tests[tests.checkpoint == target.checkpoint.iloc[0]],
-    "simulated null": null_tests,
-    **external.halves_by_label(halves_of, seed=seed, divergence=divergence)})
+pvalues = TABLES.get("spike_calibration", chapter.calibration_pvalues, TOKENS, tests, NULLS,
+                     q=q, divergence=divergence, seed=seed)
 views.show(charts.calibration_chart(pvalues), save_as=figures / "05_calibration")
 
 # %%
@@ -187,7 +191,8 @@ spike_rates(tests, by="group")[["checkpoint", "step", "group", "contexts", "prob
 # %%
 LABELS = onsets.labels(TOKENS)
 DEPARTURES = onsets.departures(TOKENS, PLACEBO if len(PLACEBO) else None)
-BY_LABEL = onsets.departure_table(DEPARTURES, LABELS, group=group, seed=seed)
+BY_LABEL = TABLES.get("spike_label_departures", onsets.departure_table, DEPARTURES, LABELS,
+                      group=group, seed=seed)
 ONSETS = onsets.onsets(BY_LABEL)
 accuracy = suite_tables.accuracy_table(P)
 accuracy = accuracy[accuracy.model.isin([P.reference, *P.checkpoints])].rename(
@@ -202,6 +207,23 @@ Markdown(narrative.say_onsets(ONSETS, SEPARATION, onsets.against_text(DEPARTURES
 ONSETS
 
 # %% [markdown]
+# ### The placebo run's own onsets
+#
+# The same table for the placebo run: its departures from the reference (no null
+# subtracted), by label and step. The optimisation without the reward's information
+# changes some tokens too (the format, the end of the answer); the labels of the
+# arithmetic should have few or no onsets there. The count is read from both tables.
+
+# %%
+PLACEBO_BY_LABEL = TABLES.get("spike_placebo_departures", chapter.placebo_departure_table,
+                              PLACEBO, group=group, seed=seed)
+PLACEBO_ONSETS = onsets.onsets(PLACEBO_BY_LABEL) if len(PLACEBO_BY_LABEL) else PLACEBO_BY_LABEL
+Markdown(narrative.say_run_onsets(ONSETS, PLACEBO_ONSETS))
+
+# %%
+table.shown(PLACEBO_ONSETS, "the suite has no placebo run")
+
+# %% [markdown]
 # ## The spikes table
 #
 # One row per context and written token that is a spike at one step or more, at every
@@ -211,20 +233,8 @@ ONSETS
 # first took probability from the written token and later gave it (or the reverse).
 
 # %%
-spikes, spans = table.spikes_table(TOKENS, tests, vocab=VOCAB)
-DEPARTURES = table.strongest_departures(tests, n=n_top, min_effect=min_effect)  # shown below
-SETTINGS = {"q": q, "min_effect": min_effect, "divergence": divergence, "seed": seed}
-PLACEBO_SHAS = lineage.token_shas(P, suite_tables.placebo_pairs(P)) if P.placebos else {}
-manifest = provenance.manifest(P, extra={**SETTINGS, "tests": len(tests),
-                                         "nulls": NULL_USED.to_dict("records")})
-for name, frame, schema in (("spikes", table.to_schema(spikes, suite=P.suite), schemas.SPIKES),
-                            ("spike_regions", table.to_schema(spans, "spike_regions"),
-                             schemas.SPIKE_REGIONS)):
-    lineage.write_derived(P, name, frame, schema, manifest, SETTINGS, "notebooks/05_spikes",
-                          inputs=PLACEBO_SHAS)
-lineage.write_derived(P, "spike_departures", table.to_schema(DEPARTURES, "spike_departures"),
-                      schemas.SPIKE_DEPARTURES, manifest, {**SETTINGS, "n_top": n_top},
-                      "notebooks/05_spikes", inputs=PLACEBO_SHAS)  # for the viewer's page (07)
+spikes, spans = TABLES.get(("spikes", "spike_regions"), chapter.spikes_tables, TOKENS, tests,
+                           VOCAB, P.suite)
 table.persistence_counts(spikes)
 
 # %% [markdown]
@@ -271,7 +281,7 @@ viewer_links.with_links(TOP) if len(TOP) else table.shown(TOP, "no spike at the 
 # strongest departures, labelled as such.
 
 # %%
-viewer_links.with_links(DEPARTURES)
+viewer_links.with_links(table.strongest_departures(tests, n=n_top, min_effect=min_effect))
 
 # %% [markdown]
 # Adjacent spikes merged into regions of text, for the case studies of chapter 06.

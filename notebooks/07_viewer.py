@@ -55,13 +55,13 @@ P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 tokens = TOKENS[TOKENS.reference == P.reference]
 SPIKES = lineage.read_derived(P, "spikes")
-DEPARTURES = lineage.read_derived(P, "spike_departures")
+TESTS = lineage.read_derived(P, "spike_tests")
 rollouts, _ = lineage.read_current(P, "rollouts")
 texts = dict(zip(rollouts.rollout_id, rollouts.response))
 tokenizer = models.load_tokenizer(P.reference, P)
 decode = lambda token_id: tokenizer.decode([token_id])  # noqa: E731
 start = rollout_id or viewer.default_rollout(tokens, SPIKES)
-linked = viewer_targets.linked_targets(tokens, SPIKES, DEPARTURES)  # what 05's and 06's pages link to
+linked = viewer_targets.linked_targets(tokens, SPIKES, TESTS)  # what 05's and 06's pages link to
 print(f"suite {P.suite!r}: {tokens.rollout_id.nunique()} rollouts at {tokens.checkpoint.nunique()} checkpoints; "
       f"opening {start!r}" + (f" at token {token}" if token is not None else ""))
 

@@ -62,6 +62,7 @@ n_case_studies: Optional[int] = None  # rollouts that get a takeover curve (defa
 temperature: Optional[float] = None  # sampling temperature of the continuations (default: counterfactuals.temperature)
 continuation_tokens: Optional[int] = None  # most new tokens of one continuation (default: counterfactuals.continuation_tokens)
 ref_min_pass: Optional[float] = None  # the reference continues only problems it solves at least this often
+placebo: Optional[bool] = None  # the placebo at the checkpoint's step continues the same contexts too (default: counterfactuals.placebo)
 caliper: Optional[float] = None  # controls: largest gap to the point in the reference entropy, nats
 seed: Optional[int] = None  # seed of the continuations (default: counterfactuals.seed)
 n_boot: int = 2000  # bootstrap resamples of the effect intervals
@@ -79,7 +80,7 @@ given = {"n": n, "max_points": max_points, "positive_points": positive_points,
          "point_rule": point_rule, "include_format": include_format, "grid_points": grid_points,
          "case_studies": n_case_studies, "temperature": temperature,
          "continuation_tokens": continuation_tokens, "positive_pool": positive_pool,
-         "ref_min_pass": ref_min_pass,
+         "ref_min_pass": ref_min_pass, "placebo": placebo,
          "caliper": caliper, "seed": seed}
 P = params.load(suite, overrides={f"counterfactuals.{k}": v for k, v in given.items()})
 C = P.counterfactuals
@@ -174,14 +175,22 @@ print(f"{len(CONTROLS)} controls for {len(MAIN)} points "
 # %% [markdown]
 # ## Which policies continue
 #
-# The checkpoint continues every context. The reference continues only the problems it
-# solves at least `ref_min_pass` of the time on its own (chapter 01's samples): where it
-# never does, its pass rate is about 0 on every arm and the difference says nothing.
+# The checkpoint continues every context. So does the placebo checkpoint at its step
+# (`placebo`, where the suite has one), with the same draws: the same optimisation
+# without the reward's information, the contrast that says whether a token matters to
+# what RLVR learned or to any model that continues it. The reference continues only the
+# problems it solves at least `ref_min_pass` of the time on its own (chapter 01's
+# samples): where it never does, its pass rate is about 0 on every arm and the
+# difference says nothing.
 
 # %%
 ref_rate = ANSWERS[ANSWERS.model == P.reference].groupby("problem_id").correct.mean()
 ref_problems = set(ref_rate[ref_rate >= C.ref_min_pass].index) & set(POINTS.problem_id)
-policies = {checkpoint: None, **({P.reference: ref_problems} if ref_problems else {})}
+PLACEBO = P.placebo_for(checkpoint) if C.placebo else None
+policies = {checkpoint: None, **({PLACEBO: None} if PLACEBO else {}),
+            **({P.reference: ref_problems} if ref_problems else {})}
+print(f"the placebo {PLACEBO!r} continues every context too" if PLACEBO else
+      "no placebo continues the contexts (the suite has none at this step, or placebo=False)")
 print(f"the reference solves {len(ref_problems)} of the {POINTS.problem_id.nunique()} problems "
       f"branched on at least {C.ref_min_pass:.0%} of the time: "
       + ("it continues those too" if ref_problems else "it is not used as a policy here"))
@@ -191,16 +200,18 @@ print(f"the reference solves {len(ref_problems)} of the {POINTS.problem_id.nuniq
 #
 # One row per (policy, context): keep and each substitute arm at every point and control,
 # and the takeover grid (`grid_points` prefix lengths) of the `n_case_studies` rollouts
-# with the most first wrong digits. Each context gets `n` continuations, seeded by
-# (model, rollout, k, substituted token, sample); a continuation writes at most
-# `continuation_tokens` new tokens and the response limit in all, and stops once it has
-# closed a box (`stop_at_box`: the grader reads the box, nothing after it counts). The
-# samples of one context share its prefix's forward pass.
+# with the most first wrong digits (the checkpoint's and the reference's). Each context
+# gets `n` continuations, seeded by (rollout, k, substituted token, sample), so every
+# policy draws with the same noise; a continuation writes at most `continuation_tokens`
+# new tokens and the response limit in all, and stops at the suite's stop tokens or
+# once it has closed a box (`stop_at_box`: the grader reads the box, nothing after it
+# counts). The samples of one context share its prefill.
 
 # %%
 cases = plan.case_studies(POINTS, C.case_studies)
 PLAN = plan.build(POINTS, CONTROLS, TOK, ROLLOUTS, policies, case_study_ids=cases,
-                  grid_points=C.grid_points, special=special)
+                  grid_points=C.grid_points, special=special,
+                  grid_models={checkpoint, P.reference})
 cost = plan.cost(PLAN, C.n, max_new_tokens, C.continuation_tokens)
 print(f"to sample: {cost.continuations.sum():,} continuations ({cost.contexts.sum()} distinct "
       f"contexts x n = {C.n}) at T = {C.temperature}, at most "
@@ -281,10 +292,24 @@ CONTROL_EFFECTS = branching.effects(BRANCHES[BRANCHES.kind == "control"], arm="t
 SUMMARY = branching.summary(MAIN_EFFECTS, CONTROL_EFFECTS, by="rule", n_boot=n_boot, seed=C.seed)
 for model in policies:
     print(narrative.positive_line(POSITIVE_SUMMARY, model))
-    print("\n".join(narrative.main_lines(SUMMARY, model) + ["  by the rule that picked them:"]
-                    + narrative.group_lines(SUMMARY, model)))
+    print("\n".join(narrative.main_lines(SUMMARY, model, alternative_of=checkpoint)
+                    + ["  by the rule that picked them:"] + narrative.group_lines(SUMMARY, model)))
 SHOWN = reporting.with_interval_text(SUMMARY, "mean", "low", "high", "problems", signed=True)
 SHOWN
+
+# %% [markdown]
+# ### The checkpoint against its placebo
+#
+# Both continued the same contexts with the same draws, so their effects are compared
+# point by point: the mean difference, with an interval that resamples problems.
+
+# %%
+if PLACEBO:
+    CONTRAST = branching.policy_contrast(MAIN_EFFECTS, checkpoint, PLACEBO, n_boot=n_boot,
+                                         seed=C.seed)
+    print(narrative.contrast_line(CONTRAST))
+else:
+    print("no placebo continued the contexts: no contrast")
 
 # %%
 narrative.point_table(pd.concat([MAIN_EFFECTS, CONTROL_EFFECTS], ignore_index=True))

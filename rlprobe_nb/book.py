@@ -54,6 +54,7 @@ from rlprobe_nb import distributed
 from rlprobe_nb.pages import navigation, page_styles
 from rlprobe_nb.suite import params, paths
 from rlprobe_nb.tables.atomic import FILE_MODE
+from rlprobe_nb.tables.storage import MANIFEST
 
 PER_CHECKPOINT = "03_teacher_forcing"
 
@@ -333,9 +334,10 @@ def prepare() -> None:
     from rlprobe_nb.suite import gguf_cache, models
 
     P = params.load(params.DEFAULT_SUITE)
-    spec = P.model_spec(P.reference)
-    path = gguf_cache.convert_gguf(models.gguf_file(spec), paths.cache_dir() / "models")
-    print(f"demo model ready: {path}")
+    for name, spec in P.models.items():
+        if spec["kind"] == "gguf":
+            path = gguf_cache.convert_gguf(models.gguf_file(spec), paths.cache_dir() / "models")
+            print(f"demo model {name!r} ready: {path}")
 
 
 def launched_rank() -> int:
@@ -404,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nThe book ran in {minutes:.1f} min.")
     print(f"  start reading at: {index}")
     print(f"  executed notebooks and HTML: {out_dir}")
-    print(f"  tables (parquet + manifest.json): {paths.data_dir(P.suite)}")
+    print(f"  tables (a folder each: parquet parts + {MANIFEST}): {paths.data_dir(P.suite)}")
     for page, problems in needs_network.items():
         print(f"WARNING: {page} needs the network (offline, these outputs stay blank):\n    "
               + "\n    ".join(sorted(set(problems))), file=sys.stderr)

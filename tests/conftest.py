@@ -15,7 +15,8 @@ from tiny_models import tiny_llama
 
 from rlprobe_nb.suite import paths
 
-SMALL_CHECKPOINTS = ("rlvr_step_400", "rlvr_step_1200")
+# two RLVR checkpoints and the placebo at each of their steps (chapter 05's external null)
+SMALL_CHECKPOINTS = ("rlvr_step_400", "rlvr_step_1200", "placebo_step_400", "placebo_step_1200")
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +30,11 @@ def tiny(tmp_path_factory):
 
 
 def small_demo_params(root: Path) -> Path:
-    """The demo suite with two checkpoints, 8 problems, short texts, and a selection rule
+    """The demo suite with two checkpoints and their placebos, 8 problems, short texts, and a selection rule
     that keeps every problem (the point is the plumbing, not the science); one rollout per
     problem at T = 1 for chapter 04's check on unselected draws."""
     shutil.copytree(paths.params_dir() / "demo", root / "demo")
-    for f in (root / "demo").glob("rlvr_step_*.yaml"):
+    for f in (root / "demo").glob("*_step_*.yaml"):
         if f.stem not in SMALL_CHECKPOINTS:
             f.unlink()
     suite_file = root / "demo" / "suite.yaml"

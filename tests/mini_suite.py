@@ -1,6 +1,6 @@
-"""A small suite for notebook runs through papermill: the demo's GGUF model (or a copy)
-as the reference, sums as problems from a file, everything sized to run 01 -> 03 in a
-couple of minutes on 2 CPU cores."""
+"""A small suite for notebook runs through papermill: the demo's reference (its GGUF
+model, or a copy, with the shipped supervised adapter) as the reference, sums as problems
+from a file, everything sized to run 01 -> 03 in a couple of minutes on 2 CPU cores."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import json
 from pathlib import Path
 
 import yaml
+
+DEMO_ADAPTERS = Path(__file__).resolve().parents[1] / "data" / "demo" / "shipped" / "adapters"
+DEMO_STOPS = ["<|im_start|>", "<|im_end|>"]
 
 
 def write_problems(path: Path, pairs) -> Path:
@@ -24,7 +27,9 @@ def write_suite(folder: Path, gguf: Path, problems: Path, max_rollouts: int) -> 
     suite_file = folder / "suite.yaml"
     suite_file.write_text(yaml.safe_dump({
         "suite": "mini", "reference": "dpo", "target": "rlvr_step_1200",
-        "models": {"dpo": {"kind": "gguf", "path": str(gguf)}},
+        "models": {"smollm2": {"kind": "gguf", "path": str(gguf)},
+                   "dpo": {"kind": "peft", "base": "smollm2", "path": str(DEMO_ADAPTERS / "dpo"),
+                           "stop_tokens": DEMO_STOPS}},
         "problems": {"source": "file", "path": str(problems)},
         "grading": {"timeout_s": 5.0, "workers": 1},
         "filtering": {"n_samples": 1, "max_new_tokens": 24, "batch_size": 8,

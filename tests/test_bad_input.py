@@ -149,3 +149,35 @@ def test_a_binary_parquet_problem_column_is_decoded_not_stringified(tmp_path):
     pd.DataFrame({"unique_id": ["x/1"], "problem": [b"\xff\xfe"], "answer": ["2"]}).to_parquet(path)
     with pytest.raises(problem_sources.ProblemsError, match="not UTF-8"):
         problem_sources.from_file(path)
+
+
+# issue 34 item 3: bad input named where a person looks ----------------------------------
+
+def test_invalid_utf8_in_a_problems_file_names_its_line_and_column(tmp_path):
+    """An editor shows lines and columns, not byte offsets."""
+    path = tmp_path / "problems.jsonl"
+    good = '{"unique_id": "p/1", "problem": "What is $1+1$?", "answer": "2"}\n'
+    path.write_bytes(good.encode() + good.encode() + b'{"unique_id": "p/\xc3\xa9\xff"}\n')
+    with pytest.raises(problem_sources.ProblemsError) as err:
+        problem_sources.from_file(path)
+    # line 3; before the bad byte: '{"unique_id": "p/' (17 characters) and 'é' (one, two bytes)
+    assert f"{path}:3:19" in str(err.value) and "line 3, column 19" in str(err.value), err.value
+    assert "offset" not in str(err.value), err.value
+
+
+@pytest.mark.parametrize("name,text,line", [
+    ("problems.jsonl", '{"unique_id": "p/1", "problem": "1+1?", "answer": "2"}\n\n\n'
+                       '{"unique_id": "p/2", "problem": "2+2?"}\n', 4),
+    ("problems.json", '[\n  {"unique_id": "p/1", "problem": "1+1?", "answer": "2"},\n\n'
+                      '  {"unique_id": "p/2",\n   "problem": "2+2?"}\n]\n', 4),
+    ("problems.json", '{\n"p/1": {"problem": "1+1?", "answer": "2"},\n'
+                      '"p/2": {"problem": "2+2?"}}', 3),
+])
+def test_a_record_without_an_answer_names_its_file_line(tmp_path, name, text, line):
+    """The line the record starts on (1-based), not its 0-based index among the records."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(problem_sources.ProblemsError, match="no gold answer") as err:
+        problem_sources.from_file(path)
+    assert str(err.value).startswith(f"{path}:{line} (p/2): problem has no gold answer"), err.value
+    assert "row 1" not in str(err.value), err.value

@@ -1,5 +1,6 @@
-"""Seeded continuations: the same tokens whatever the batch size, with or without the
-shared prefix cache, and in fresh processes; budgets and EOS handled per row."""
+"""Seeded continuations: the same tokens whatever the batch size and in fresh processes,
+the same draws for every model that continues a context; budgets, EOS and boxes handled
+per row."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def one_thread():
 
 
 
-def contexts_and_seeds(tok, n=4, limit=24):
+def contexts_and_seeds(tok, n=4, limit=24, base=7):
     """Contexts of three prompts and fake responses cut at several k, one substituted."""
     out, seeds = [], []
     for i, problem in enumerate(PROBLEMS):
@@ -37,7 +38,7 @@ def contexts_and_seeds(tok, n=4, limit=24):
         response = tok.encode(f"We add {i} and {i + 3} to get {2 * i + 3}.", add_special_tokens=False)
         for k, sub in ((0, None), (3, None), (5, None), (5, response[1])):
             out.append(C.Context(prompt, C.branch_response(response, k, sub), limit))
-            seeds.append([C.continuation_seed(7, "tiny", f"r{i}", k, sub, s) for s in range(n)])
+            seeds.append([C.continuation_seed(base, f"r{i}", k, sub, s) for s in range(n)])
     return out, seeds
 
 
@@ -56,13 +57,12 @@ print(json.dumps(C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=8))
 """
 
 
-def test_batch_size_and_prefix_sharing_do_not_change_continuations(tiny):
+def test_batch_size_does_not_change_continuations(tiny):
     _, model, tok = tiny
     ctx, seeds = contexts_and_seeds(tok)
-    one = C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=1, share_prefix=False)
-    for rows, share in ((8, True), (8, False), (5, True), (64, True)):
-        assert C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=rows,
-                                   share_prefix=share) == one, (rows, share)
+    one = C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=1)
+    for rows in (8, 5, 64):
+        assert C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=rows) == one, rows
     flat = [ids for per in one for ids, _ in per]
     assert len(set(map(tuple, flat))) > len(flat) // 2  # samples differ: the seeds matter
 
@@ -80,13 +80,13 @@ def test_fresh_processes_give_the_same_continuations(tiny):
     assert runs[0] == runs[1] == json.loads(json.dumps(here))
 
 
-def test_a_seed_belongs_to_its_context():
-    base = C.continuation_seed(0, "m", "r", 3, None, 0)
-    assert base == C.continuation_seed(0, "m", "r", 3, None, 0)
-    others = {C.continuation_seed(0, "m", "r", 3, None, 1), C.continuation_seed(0, "m", "r", 4, None, 0),
-              C.continuation_seed(0, "m", "r", 3, 11, 0), C.continuation_seed(0, "m", "q", 3, None, 0),
-              C.continuation_seed(0, "x", "r", 3, None, 0), C.continuation_seed(1, "m", "r", 3, None, 0)}
-    assert base not in others and len(others) == 6
+def test_a_seed_belongs_to_its_context_not_to_the_model():
+    base = C.continuation_seed(0, "r", 3, None, 0)
+    assert base == C.continuation_seed(0, "r", 3, None, 0)
+    others = {C.continuation_seed(0, "r", 3, None, 1), C.continuation_seed(0, "r", 4, None, 0),
+              C.continuation_seed(0, "r", 3, 11, 0), C.continuation_seed(0, "q", 3, None, 0),
+              C.continuation_seed(1, "r", 3, None, 0)}
+    assert base not in others and len(others) == 5
 
 
 def test_budgets_stop_each_row_and_eos_is_kept(tiny):
@@ -153,10 +153,13 @@ def test_box_stops_cut_each_row_after_its_box(tiny, monkeypatch):
     """Rows that close a box end there ("box"), the others run on; the box is the
     continuation's own: the context's box stops nothing."""
     _, model, tok = tiny
-    ctx, seeds = contexts_and_seeds(tok, n=4, limit=30)
-    plain = C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=8)
-    closing = {t for per in plain for ids, _ in per for t in ids if "}" in tok.decode([t])}
-    assert closing, "the tiny model writes no closing brace: pick other seeds"
+    for base in range(7, 17):  # the first seeds under which the random model writes a "}"
+        ctx, seeds = contexts_and_seeds(tok, n=4, limit=30, base=base)
+        plain = C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=8)
+        closing = {t for per in plain for ids, _ in per for t in ids if "}" in tok.decode([t])}
+        if closing:
+            break
+    assert closing, "the tiny model writes no closing brace under ten seeds"
     monkeypatch.setattr(C.grading, "extract_boxed", lambda text: ["x"] if "}" in text else [])
     boxed = C.continue_contexts(model, tok, ctx, seeds, 1.0, batch_rows=8, stop_at_box=True)
     stopped = 0

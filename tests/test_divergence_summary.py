@@ -18,7 +18,6 @@ from rlprobe_nb.divergence import entropy_concentration as ec
 from rlprobe_nb.divergence import estimator_lab as el
 from rlprobe_nb.divergence import summary as ds
 from rlprobe_nb.divergence import token_categories as tc
-from rlprobe_nb.suite import paths
 from rlprobe_nb.tables import storage
 
 METRICS = list(ds.METRICS)
@@ -365,16 +364,19 @@ TABLE_NAMES = {"when": "divergence_when", "per_problem": "divergence_per_problem
 
 @pytest.mark.parametrize("which", ["tables", "same_tables"])
 def test_aggregates_are_written_with_their_schemas(which, request, tmp_path, monkeypatch):
+    """Each aggregate goes through chapter 04's tables (``summary.chapter_tables``): written
+    with its schema and read back with every row; a second run reads them back."""
     monkeypatch.setenv("RLPROBE_OUT", str(tmp_path))
-    t = request.getfixturevalue(which)
+    t, tokens = request.getfixturevalue(which), request.getfixturevalue("tokens")
     params = SimpleNamespace(suite="synthetic", files=[], as_dict=lambda: {"suite": "synthetic"},
                              checkpoints=[], reference="dpo")  # no token tables: key has none
-    folders = ds.write_aggregates(params, {TABLE_NAMES[k]: t[k] for k in TABLE_NAMES}, seed=0)
-    assert len(folders) == len(TABLE_NAMES)
+    chapter = ds.chapter_tables(params, tokens, seed=0, min_problems=5)
     for key, name in TABLE_NAMES.items():
-        back = storage.read_table(paths.table_dir("synthetic", name))
-        assert len(back) == len(t[key])
-    assert storage.read_manifest(folders[0])["seeds"]["bootstrap"] == 0
+        back = chapter.get(name, lambda: t[key])
+        assert len(back) == len(t[key]) and list(back.columns) == list(t[key].columns)
+    assert storage.read_manifest(chapter.folders[TABLE_NAMES["when"]])["seeds"]["bootstrap"] == 0
+    again = ds.chapter_tables(params, tokens, seed=0, min_problems=5)
+    assert set(TABLE_NAMES.values()) <= again.reused
 
 
 def test_change_table_for_display_names_directions(tables):

@@ -27,7 +27,7 @@ def suite(tmp_path, monkeypatch):
     change it), results under tmp_path."""
     root = tmp_path / "params"
     shutil.copytree(paths.params_dir() / "demo", root / "demo")
-    for f in (root / "demo").glob("rlvr_step_*.yaml"):
+    for f in (root / "demo").glob("*_step_*.yaml"):  # no placebo: none is needed here
         if f.stem not in (CKPT, "rlvr_step_1200"):  # the target, and a pair of the two
             f.unlink()
     adapter = tmp_path / "adapter"
@@ -105,14 +105,14 @@ def test_a_changed_adapter_byte_makes_every_table_downstream_stale(suite):
     for table in ("divergence_when", "spikes"):
         write_derived(P, table)
         assert len(lineage.read_derived(P, table)) == 1
-    weights = suite["adapter"] / "adapter_model.safetensors"
+    weights = suite["adapter"] / "adapter_int8.safetensors"
     blob = bytearray(weights.read_bytes())
     blob[-3] ^= 1
     weights.write_bytes(bytes(blob))
     P = params.load("demo")  # a notebook run after the change
     for table in ("divergence_when", "spikes"):
         with pytest.raises(storage.StaleTableError,
-                           match=f"{CKPT}.files.adapter_model.safetensors.*rerun notebooks/03"):
+                           match=f"{CKPT}.files.adapter_int8.safetensors.*rerun notebooks/03"):
             lineage.read_derived(P, table)
     lineage.read_current(P, "rollouts")  # upstream of the adapter: still current
 

@@ -181,6 +181,9 @@ def test_parameters_of_their_declared_types_pass():
      "appear more than once"),
     ("suite.yaml", lambda d: d["forcing"].update(pairs=[["rlvr_step_400", "rlvr_step_400"]]),
      "two different models"),
+    # issue 34 item 4: a pair listed twice is refused like a repeated group or temperature
+    ("suite.yaml", lambda d: d["forcing"].update(pairs=[["rlvr_step_1200", "rlvr_step_400"]] * 2),
+     "'forcing.pairs': [['rlvr_step_1200', 'rlvr_step_400']] appear more than once"),
     ("suite.yaml", lambda d: d.update(target=d["reference"]), "'reference' and 'target' are both"),
     ("rlvr_step_400.yaml", lambda d: d.update(step=-400), "is negative"),
     ("rlvr_step_400.yaml", lambda d: d.update(step=800), "share step 800"),

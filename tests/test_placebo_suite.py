@@ -1,8 +1,7 @@
 """A suite may name placebo checkpoints (``run: placebo``): the same training with an
 uninformative reward, chapter 05's external null. They are forced like any checkpoint,
 matched to the RLVR checkpoint of the same step, and left out of what chapter 04 reads.
-The suite here is the demo's parameters with a placebo file added, pointing at a shipped
-adapter (a stand-in: the shipped demo suite has no placebo run)."""
+The demo suite ships a placebo run: a placebo checkpoint at every step of its RLVR run."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import suite_tables
 
 
-def _placebo_file(folder, name, step, adapter="rlvr_step_100", **extra):
+def _placebo_file(folder, name, step, adapter="placebo_step_100", **extra):
     (folder / f"{name}.yaml").write_text(yaml.safe_dump({
         "step": step, "run": "placebo", **extra,
         "model": {"kind": "peft", "base": "dpo",
@@ -33,12 +32,12 @@ def demo_copy(tmp_path, monkeypatch):
 
 
 def test_a_placebo_is_matched_by_step_and_kept_out_of_the_rlvr_run(demo_copy):
-    _placebo_file(demo_copy, "placebo_step_200", 200)
-    _placebo_file(demo_copy, "placebo_step_1200", 1200)
+    (demo_copy / "placebo_step_400.yaml").unlink()  # the RLVR step 400 without its placebo
     P = params.load("demo")
     assert P.checkpoints == ["rlvr_step_100", "rlvr_step_200", "rlvr_step_400",
                              "rlvr_step_800", "rlvr_step_1200"]
-    assert P.placebos == ["placebo_step_200", "placebo_step_1200"]
+    assert P.placebos == ["placebo_step_100", "placebo_step_200", "placebo_step_800",
+                          "placebo_step_1200"]
     assert P.forced == P.checkpoints + P.placebos
     assert P.placebo_for("rlvr_step_200") == "placebo_step_200"
     assert P.placebo_for("rlvr_step_400") is None
@@ -55,14 +54,13 @@ def test_a_placebo_is_matched_by_step_and_kept_out_of_the_rlvr_run(demo_copy):
     Pp = params.load("demo", "placebo_step_200")
     assert Pp.checkpoint == "placebo_step_200" and Pp.steps["placebo_step_200"] == 200
     # chapter 04 reads the RLVR run; the placebo tables are asked for by name
-    assert suite_tables.placebo_pairs(P) == [("placebo_step_200", "dpo"),
-                                             ("placebo_step_1200", "dpo")]
+    assert suite_tables.placebo_pairs(P) == [(c, "dpo") for c in P.placebos]
 
 
-def test_the_shipped_demo_has_no_placebo():
+def test_the_shipped_demo_has_a_placebo_at_every_rlvr_step():
     P = params.load("demo")
-    assert P.placebos == [] and P.forced == P.checkpoints
-    assert all(P.placebo_for(c) is None for c in P.checkpoints)
+    assert len(P.placebos) == len(P.checkpoints) == 5
+    assert [P.placebo_for(c) for c in P.checkpoints] == P.placebos
 
 
 def test_a_placebo_at_a_step_the_rlvr_run_lacks_is_refused(demo_copy):
@@ -103,10 +101,9 @@ def test_a_placebo_cannot_be_the_target(demo_copy):
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_notebook_03_forces_a_placebo_and_05_tests_against_it(tmp_path):
-    """A small suite (the demo's GGUF reference, two shipped adapters: one as the RLVR
-    checkpoint, the other as a stand-in placebo at its step) through 01, 02 and 03 for
-    both checkpoints with papermill; the placebo's token table is read only when asked
-    for, and 05's external null uses it."""
+    """A small suite (the demo's reference, its last RLVR checkpoint and the placebo at
+    that step) through 01, 02 and 03 for both checkpoints with papermill; the placebo's
+    token table is read only when asked for, and 05's external null uses it."""
     import os
     import sys
 
@@ -114,7 +111,7 @@ def test_notebook_03_forces_a_placebo_and_05_tests_against_it(tmp_path):
     from mini_suite import write_problems, write_suite
     from test_notebooks import outputs, papermill
 
-    from rlprobe_nb.spikes import detect, external
+    from rlprobe_nb.spikes import chapter, detect, external
     from rlprobe_nb.suite import gguf_cache
 
     adapters = paths.shipped_dir("demo") / "adapters"
@@ -122,7 +119,7 @@ def test_notebook_03_forces_a_placebo_and_05_tests_against_it(tmp_path):
     folder = tmp_path / "params" / "mini"
     write_suite(folder, gguf_cache.demo_gguf_path(), problems, max_rollouts=8)
     for name, run, adapter in (("rlvr_step_1200", "rlvr", "rlvr_step_1200"),
-                               ("placebo_step_1200", "placebo", "rlvr_step_100")):
+                               ("placebo_step_1200", "placebo", "placebo_step_1200")):
         (folder / f"{name}.yaml").write_text(yaml.safe_dump({
             "step": 1200, "run": run,
             "model": {"kind": "peft", "base": "dpo", "path": str(adapters / adapter)}}))
@@ -153,6 +150,11 @@ def test_notebook_03_forces_a_placebo_and_05_tests_against_it(tmp_path):
         assert set(placebo.context_id) == set(tokens.context_id)
         tests = detect(tokens, nulls=nulls)
         assert (tests.null == "placebo_step_1200").all() and tests.p.between(0, 1).all()
+        # 05's tables are keyed on the placebo's token table too: forced again, they go stale
+        tables = chapter.chapter_tables(P, tokens, used, dict.fromkeys(
+            ("q", "min_effect", "divergence", "group", "seed", "plants_per_size", "plant_runs")))
+        placebo_table = "tokens/placebo_step_1200__vs__dpo"
+        assert all(placebo_table in key["inputs"] for key in tables.keys.values())
     finally:
         for k, v in old.items():
             if v is None:

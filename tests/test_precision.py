@@ -19,18 +19,26 @@ TOLERANCE = 2e-4
 
 
 @pytest.fixture(scope="module")
-def measured():
+def demo():
     P = params.load("demo", "rlvr_step_1200", overrides={"runtime.device": "cpu"})
-    ref, ckpt = models.load_model("dpo", P), models.load_model("rlvr_step_1200", P)
-    # three real responses of the demo's reference, forced as text
+    return P, models.load_model("dpo", P), models.load_model("rlvr_step_1200", P)
+
+
+def responses(demo, n: int) -> forcing.SequenceSet:
+    """``n`` real responses of the demo's reference, forced as text."""
+    P, ref, _ = demo
     rows = pd.read_parquet(paths.shipped_dir("demo") / "run" / "eval_rows.parquet")
-    rows = rows[(rows.model == "dpo") & (rows["sample"] == 0)].head(3)
+    rows = rows[(rows.model == "dpo") & (rows["sample"] == 0)].head(n)
     probs = problem_sources.load_problems("demo", n=300, seed=0, split_name="test")
     probs = probs[probs.problem_id.isin(rows.problem_id)]
     rollouts = rows.assign(rollout_id=rows.problem_id + "#0", token_method="text")
-    seqs = forcing.build_sequences(rollouts, probs, ref.tokenizer, P.prompt_template,
+    return forcing.build_sequences(rollouts, probs, ref.tokenizer, P.prompt_template,
                                    progress=False)
-    return precision.measure(seqs, ckpt.model, ref.model)
+
+
+@pytest.fixture(scope="module")
+def measured(demo):
+    return precision.measure(responses(demo, 3), demo[2].model, demo[1].model)
 
 
 @pytest.mark.parametrize("comparison", ["math", "row", "batch 97, chunk 7"])
@@ -45,3 +53,17 @@ def test_ranks_and_topk_ids_do_not_move_with_batch_or_chunk(measured):
     moved = measured[(measured.comparison == "batch 97, chunk 7")
                      & measured.metric.isin(["rank_ckpt", "rank_ref", "topk_ids_ckpt", "topk_ids_ref"])]
     assert (moved.max_error == 0).all(), moved
+
+
+def test_a_batch_size_moves_no_value_beyond_the_stated_tolerance(demo):
+    """Issue 34 item 1: `-p batch_tokens 1024` against the suite's default, on 24 real
+    responses (2,839 tokens): every value within BATCH_TOLERANCE x max(1, |value|) nats."""
+    P, ref, ckpt = demo
+    chunk = P.forcing.chunk_positions
+    effect = precision.batch_effect(responses(demo, 24), ckpt.model, ref.model,
+                                    sizes=((P.forcing.batch_tokens, chunk), (1024, chunk)))
+    values = effect.dropna(subset=["scaled"]).set_index("metric")
+    assert values.scaled.max() < precision.BATCH_TOLERANCE, values
+    assert values.max_change.max() > 0, values  # not vacuous: some rows do move
+    ids = effect[effect.scaled.isna()].set_index("metric")
+    assert (ids.rows_moved == 0).all(), ids

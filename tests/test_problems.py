@@ -40,7 +40,7 @@ def test_jsonl_file_in_math_schema():
 
 def test_parquet_and_json_files_give_the_same_table(tmp_path):
     jsonl = problem_sources.from_file(DATA / "math_small.jsonl")
-    records = problem_sources.read_records(DATA / "math_small.jsonl")
+    records, _ = problem_sources.read_records(DATA / "math_small.jsonl")
     raw = pd.DataFrame(records).astype({"level": str})  # MATH mixes "Level 1" and 3
     raw.to_parquet(tmp_path / "p.parquet")
     pq = problem_sources.from_file(tmp_path / "p.parquet")
@@ -136,5 +136,5 @@ def test_a_problem_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
         path = tmp_path / name
         text = '{"unique_id": "a", "problem": "Café: 2 + 2?", "answer": "4"}'
         path.write_bytes((text if name.endswith("l") else f"[{text}]").encode("latin-1"))
-        with pytest.raises(problem_sources.ProblemsError, match=f"{name}: not UTF-8 text"):
+        with pytest.raises(problem_sources.ProblemsError, match=rf"{name}:1:\d+: not UTF-8 text"):
             problem_sources.read_records(path)

@@ -126,3 +126,31 @@ def test_strongest_departures_leave_out_departures_below_the_minimum_effect(thre
     strongest = table.strongest_departures(boosted, n=10, min_effect=0.1)
     assert (strongest.divergence >= 0.1).all()
     assert not strongest.p.eq(1e-12).any()
+
+
+def test_chapter_05_reads_back_what_it_computed(three_steps, tmp_path):
+    """Chapter 05 shows its tables as read back from disk (the same whether computed in
+    this run or reused): the tests, spikes and regions it writes give every summary,
+    ranking and chart the values the computed frames give (issue 34 item 2)."""
+    from rlprobe_nb.spikes import across_steps, chapter, charts, spike_rates, summary
+
+    tokens, tests, spikes, spans = three_steps
+    written = {"spike_tests": chapter.tests_table(tokens, "synthetic")}
+    written["spikes"], written["spike_regions"] = chapter.spikes_tables(
+        tokens, written["spike_tests"], None, "synthetic")
+    back = {}
+    for name, frame in written.items():
+        storage.write_table(tmp_path / name, frame, schemas.TABLES[name], {})
+        back[name] = storage.read_table(tmp_path / name)
+    read_tests, read_spikes = back["spike_tests"], back["spikes"]
+    pd.testing.assert_frame_equal(summary(read_tests), summary(tests), check_dtype=False)
+    pd.testing.assert_frame_equal(spike_rates(read_tests, by="group"),
+                                  spike_rates(tests, by="group"), check_dtype=False)
+    pd.testing.assert_frame_equal(table.strongest_departures(read_tests),
+                                  table.strongest_departures(tests), check_dtype=False)
+    for shown in (table.top_spikes, table.persistence_counts, across_steps.new_persistent_per_step):
+        pd.testing.assert_frame_equal(shown(read_spikes), shown(spikes), check_dtype=False,
+                                      check_index_type=False)
+    for chart in (charts.raster_chart, charts.onset_heatmap):
+        assert chart(read_spikes).to_dict() == chart(spikes).to_dict()
+    assert len(back["spike_regions"]) == len(spans)

@@ -1,6 +1,7 @@
 """Nothing stale is served as current (issue 9, acceptance 2; issue 22, acceptance 2 and
-3): a small suite is run through 01 -> 02 -> 03 with papermill, then each input is
-changed in turn — the reference's weights (a GGUF model's converted copy), the RLVR
+3; issue 34, acceptance 2): a small suite is run through 01 -> 02 -> 03 with papermill
+(chapters 04 and 05 on a copy of the shrunk whole book), then each input is changed in
+turn — the reference's weights (a GGUF model's converted copy), the RLVR
 adapter, the tokenizer's files and chat template, a gold answer, a problem's text, top-k,
 max_rollouts, the configured pairs, a source file of the grader or of a stage — and the
 notebook that depends on it must recompute or refuse, naming the difference. Unchanged,
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 import yaml
 from mini_suite import write_problems, write_suite
@@ -101,8 +103,8 @@ def flip_a_byte(path):
 @pytest.mark.parametrize("what,notebook,file,edit,named", [
     ("reference weights", "01_filtering", "ref/model.safetensors", flip_a_byte,
      "models.dpo.converted.model.safetensors"),
-    ("adapter weights", "03_teacher_forcing", "adapter/adapter_model.safetensors", flip_a_byte,
-     "models.rlvr_step_1200.files.adapter_model.safetensors"),
+    ("adapter weights", "03_teacher_forcing", "adapter/adapter_int8.safetensors", flip_a_byte,
+     "models.rlvr_step_1200.files.adapter_int8.safetensors"),
     ("chat template", "02_rollouts", "ref/tokenizer_config.json",
      lambda p: p.write_text(p.read_text().replace("<|im_start|>", "<|im_start|> ", 1)),
      "dpo.converted.tokenizer_config.json"),
@@ -145,6 +147,9 @@ def changed_code(root: Path, edits: dict[str, tuple[str, str]]) -> dict:
         f = copy / "rlprobe_nb" / name
         assert old in f.read_text(), (name, old)
         f.write_text(f.read_text().replace(old, new, 1))
+    for shared in ("data", ".cache"):  # the checkout's shipped inputs and converted models
+        if (paths.REPO_ROOT / shared).exists():
+            (copy / shared).symlink_to(paths.REPO_ROOT / shared)
     return {"PYTHONPATH": str(copy)}
 
 
@@ -192,31 +197,76 @@ def test_overwrite_false_is_refused_never_taken_for_true(suite, notebook):
     assert storage.read_manifest(data(suite).joinpath(*TOKENS))["key_sha"] == before
 
 
-def test_a_divergence_source_change_makes_04s_tables_stale(suite, tmp_path):
-    """Chapter 04's tables key on divergence/'s source files: one written by other code
-    than the current one is refused, naming the file. (Written here as 04 writes them,
-    through lineage.write_derived from the current token tables: notebook 04 itself needs
-    more than the one checkpoint of this suite.)"""
-    write = ("import pandas as pd, pyarrow as pa\n"
-             "from rlprobe_nb.suite import params\nfrom rlprobe_nb.tables import lineage, suite_tables\n"
-             "P = params.load('mini')\nsuite_tables.read_tokens(P)\n"
-             "lineage.write_derived(P, 'divergence_when', pd.DataFrame({'x': [1]}), "
-             "pa.schema([('x', pa.int32())]), {}, {'seed': 0}, 'notebooks/04_divergence')\n")
-    check = ("from rlprobe_nb.suite import params\nfrom rlprobe_nb.tables import lineage\n"
-             "lineage.read_current(params.load('mini'), 'divergence_when')\nprint('CURRENT')\n")
-    here = {**suite["env"], "PYTHONPATH": str(paths.REPO_ROOT)}
-    edited = {**suite["env"], **changed_code(tmp_path, {"divergence/summary.py": ("\n", "\n# x\n")})}
+# Chapters 04 and 05 (issue 34 item 2): on a copy of the shrunk whole book (two
+# checkpoints), an unchanged rerun reuses every table in one line; a changed source file or
+# a changed input table is refused by name, before any work; -p overwrite True recomputes.
+CHAPTERS = {"04_divergence": "divergence/summary.py", "05_spikes": "spikes/statistic.py"}
 
-    def python(code, env):
-        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                              text=True, timeout=600, cwd=tmp_path)  # not the checkout's package
-    for writer, reader in ((here, edited), (edited, here)):
-        done = python(write, writer)
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert "CURRENT" in python(check, writer).stdout
-        refused = python(check, reader)
-        assert refused.returncode != 0 and "StaleTableError" in refused.stderr
-        assert "code.files.divergence/summary.py" in refused.stderr, refused.stderr[-2000:]
+
+@pytest.fixture(scope="module")
+def book(small_book, tmp_path_factory):
+    """A private copy of the shrunk book's results and parameters (the session's own copy
+    stays as the book wrote it)."""
+    root = tmp_path_factory.mktemp("stale_book")
+    shutil.copytree(small_book["out"] / "data", root / "out" / "data")
+    shutil.copytree(small_book["env"]["RLPROBE_PARAMS"], root / "params")
+    env = {**small_book["env"], "RLPROBE_OUT": str(root / "out"),
+           "RLPROBE_PARAMS": str(root / "params")}
+    return {"root": root, "env": env, "data": root / "out" / "data" / "demo"}
+
+
+def run_chapter(book, notebook, *extra, env=None) -> tuple[bool, str]:
+    out = book["root"] / f"{notebook}.ipynb"
+    result = papermill(f"{notebook}.ipynb", out, *extra, env=env or book["env"])
+    return result.returncode == 0, outputs(out)
+
+
+def chapter_parts(book, notebook) -> dict[str, int]:
+    """Every part of the tables ``notebook`` wrote, with its modification time."""
+    parts = {}
+    for manifest in book["data"].glob(f"*/{storage.MANIFEST}"):
+        if storage.read_json(manifest).get("producer") == f"notebooks/{notebook}":
+            parts.update({str(p): p.stat().st_mtime_ns for p in manifest.parent.glob("*.parquet")})
+    assert parts, f"{notebook} wrote no table"
+    return parts
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS)
+def test_04_and_05_reuse_every_table_when_nothing_changed(book, notebook):
+    before = chapter_parts(book, notebook)
+    ok, text = run_chapter(book, notebook)
+    assert ok and text.count("reusing ") == 1, text[-2500:]
+    assert chapter_parts(book, notebook) == before
+
+
+@pytest.mark.parametrize("notebook,file", CHAPTERS.items())
+def test_04_and_05_refuse_a_changed_source_file_by_name(book, notebook, file):
+    before = chapter_parts(book, notebook)
+    env = {**book["env"], **changed_code(book["root"], {file: ("\n", "\n# a changed line\n")})}
+    ok, text = run_chapter(book, notebook, env=env)
+    assert not ok and f"code.files.{file}" in text and "StaleTableError" in text, text[-2500:]
+    assert chapter_parts(book, notebook) == before
+
+
+def test_04_and_05_refuse_a_changed_input_table_then_recompute_it(book):
+    """The token tables forced again under another forcing.seed (same rollouts, another
+    key): 04 and 05 name the token table that changed; overwrite recomputes, and the
+    next run reuses."""
+    suite_file = Path(book["env"]["RLPROBE_PARAMS"]) / "demo" / "suite.yaml"
+    edit_yaml(lambda d: d["forcing"].update(seed=d["forcing"]["seed"] + 1))(suite_file)
+    done = subprocess.run([sys.executable, "-m", "rlprobe_nb.book", "--only", "03", "--overwrite"],
+                          env=book["env"], cwd=paths.REPO_ROOT, capture_output=True, text=True,
+                          timeout=1800)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2500:]
+    for notebook in CHAPTERS:
+        before = chapter_parts(book, notebook)
+        ok, text = run_chapter(book, notebook)
+        assert not ok and "inputs.tokens/rlvr_step_1200__vs__dpo" in text, text[-2500:]
+        assert "StaleTableError" in text and chapter_parts(book, notebook) == before
+        ok, text = run_chapter(book, notebook, ("overwrite", True))
+        assert ok and "recomputing" in text and "reusing " not in text, text[-2500:]
+        ok, text = run_chapter(book, notebook)
+        assert ok and text.count("reusing ") == 1, text[-2500:]
 
 
 SLOW_SHARDS = """
@@ -250,6 +300,34 @@ def readable_tables(root: Path) -> dict[str, tuple[int, int | None]]:
     return seen
 
 
+def running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kill_run(proc: subprocess.Popen) -> None:
+    """SIGKILL every process of a papermill run, the kernel first: it runs in a session of
+    its own, so killing papermill's process group left it running for about half a second
+    (long enough, once, to publish its table). None may be left running."""
+    run = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    assert any("ipykernel" in " ".join(p.cmdline()) for p in run[1:]), "no kernel found"
+    for process in reversed(run):  # the kernel (and what it started) before papermill
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+    # a SIGKILL takes effect at once; a kernel left to notice papermill's death on its own
+    # polls for it once a second
+    deadline = time.time() + 0.25
+    while any(running(p) for p in run) and time.time() < deadline:
+        time.sleep(0.01)
+    left = [p for p in run if running(p)]
+    assert not left, f"still running after the kill: {[p.cmdline()[:3] for p in left]}"
+
+
 def test_a_run_of_03_killed_midway_leaves_no_half_table_and_adopts_no_foreign_part(suite, tmp_path):
     """While 03 recomputes the token table (top-k 3, overwrite) and is killed mid-way,
     every folder a standard reader can open holds a complete table; a part of the old
@@ -270,8 +348,7 @@ def test_a_run_of_03_killed_midway_leaves_no_half_table_and_adopts_no_foreign_pa
             seen.append(readable_tables(data(suite)))
             time.sleep(0.2)
         seen.append(readable_tables(data(suite)))
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_run(proc)
         seen.append(readable_tables(data(suite)))
         for snapshot in seen:
             for folder, (rows, listed) in snapshot.items():

@@ -93,7 +93,7 @@ def test_hidden_state_garbage_is_refused(tmp_path):
     seq = forcing.make_sequence("r#0", "r", [1, 2, 3], [4, 5, 6])
     cache = forcing.HiddenCache(tmp_path / "h")
     cache.begin({"name": "m"})
-    cache.save([seq], torch.ones(3, 8))
+    cache.save([seq], torch.ones(3, 8), batch_tokens=64)
     (path,) = (tmp_path / "h").glob("h-*.safetensors")
     blob = bytearray(path.read_bytes())
     blob[-8:] = bytes(8)  # same size, plausible floats

@@ -160,3 +160,29 @@ def summary(point_effects: pd.DataFrame, control_effects: pd.DataFrame | None = 
                          "problems": both.nunique(), "mean": diff[0], "low": diff[1],
                          "high": diff[2], "rate_keep": np.nan, "rate_arm": np.nan})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+CONTRAST_COLUMNS = ["model", "other", "points", "problems", "mean", "low", "high",
+                    "effect_model", "effect_other"]
+
+
+def policy_contrast(point_effects: pd.DataFrame, model: str, other: str, n_boot: int = 2000,
+                    alpha: float = 0.05, seed: int = 0) -> pd.DataFrame:
+    """How much more a branch matters to ``model`` than to ``other`` at the same points
+    (both continued the same contexts with the same draws): the mean over points of
+    effect(model) − effect(other), with a bootstrap interval that resamples problems.
+    One row (``CONTRAST_COLUMNS``); no points in common gives a row of 0 points."""
+    ids = ["kind", "rollout_id", "pos"]
+    a = point_effects[point_effects["model"] == model].set_index(ids)
+    b = point_effects[point_effects["model"] == other].set_index(ids)
+    both = a.index.intersection(b.index)
+    diff = (a.loc[both, "effect"] - b.loc[both, "effect"]).to_numpy(float)
+    problems = a.loc[both, "problem_id"].to_numpy()
+    mean, low, high = cluster_bootstrap_ci(diff, problems, n_boot, alpha,
+                                           seed_from(seed, model, other, "contrast"))
+    return pd.DataFrame([{"model": model, "other": other, "points": len(both),
+                          "problems": len(set(problems)), "mean": mean, "low": low,
+                          "high": high, "effect_model": float(a.loc[both, "effect"].mean())
+                          if len(both) else np.nan,
+                          "effect_other": float(b.loc[both, "effect"].mean())
+                          if len(both) else np.nan}], columns=CONTRAST_COLUMNS)

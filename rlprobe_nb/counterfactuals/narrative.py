@@ -9,6 +9,7 @@ through ``reporting``: no interval from fewer than ``reporting.MIN_CLUSTERS`` pr
                     answer, or the rule that picked the points)
     main_lines      the main result: the effect of the checkpoint's top-1 alternative at
                     the points, at their controls and the difference, with a verdict
+    contrast_line   two policies (the RLVR checkpoint and its placebo) at the same points
     point_table     one row per branched token: each arm's passes with its Wilson
                     interval and the effect with Newcombe's, as text
 """
@@ -76,14 +77,15 @@ def group_lines(summary: pd.DataFrame, model: str, what: str = "points",
             for _, row in rows.iterrows() if row["branches"]]
 
 
-def main_lines(summary: pd.DataFrame, model: str, min_clusters: int = MIN_CLUSTERS
-               ) -> list[str]:
-    """The main result for ``model`` (``summary`` of the "top1" arm, with controls)."""
+def main_lines(summary: pd.DataFrame, model: str, min_clusters: int = MIN_CLUSTERS,
+               alternative_of: str = "the checkpoint") -> list[str]:
+    """The main result for ``model`` (``summary`` of the "top1" arm, with controls);
+    ``alternative_of`` names whose top-1 alternative was swapped in."""
     point, control = _row(summary, model, "point"), _row(summary, model, "control")
     diff = _row(summary, model, "point - control")
     if point is None or not point["branches"]:
         return [f"main result ({model}): no branch point had a real alternative to swap in"]
-    lines = [f"main result ({model}): swapping in the checkpoint's top-1 alternative at "
+    lines = [f"main result ({model}): swapping in {alternative_of}'s top-1 alternative at "
              f"{_many(point['branches'], 'point')} in {_many(point['problems'], 'problem')} moves "
              f"the pass rate from {fmt(point['rate_keep'])} to {fmt(point['rate_arm'])}: mean "
              f"effect {_interval(point, min_clusters)}"]
@@ -98,8 +100,9 @@ def main_lines(summary: pd.DataFrame, model: str, min_clusters: int = MIN_CLUSTE
                0: "not told apart from the controls'"}[sign]
     if int(diff["problems"]) < min_clusters:
         verdict = "not compared: too few problems for an interval"
-    lines.append(f"  point - control: {_interval(diff, min_clusters)} -> the effect of the "
-                 f"checkpoint's preferred token is {verdict} (95% interval, problems resampled)")
+    lines.append(f"  point - control: {_interval(diff, min_clusters)} -> the effect of "
+                 f"{alternative_of}'s preferred token is {verdict} (95% interval, problems "
+                 "resampled)")
     return lines
 
 
@@ -127,3 +130,21 @@ def point_table(effects: pd.DataFrame) -> pd.DataFrame:
                               f"{fmt(hi, 2, signed=True)}]" for e, lo, hi in
                               zip(effects.effect, effects.effect_low, effects.effect_high)]})
     return out.sort_values(["model", "kind", "rollout_id", "pos"]).reset_index(drop=True)
+
+
+def contrast_line(contrast: pd.DataFrame, min_clusters: int = MIN_CLUSTERS) -> str:
+    """The comparison of two policies at the same points (``branching.policy_contrast``)."""
+    row = contrast.iloc[0]
+    model, other = row["model"], row["other"]
+    if not row["points"]:
+        return f"{model} against {other}: no point was continued by both"
+    head = (f"{model} against {other} at the same {_many(row['points'], 'point')} in "
+            f"{_many(row['problems'], 'problem')} (same contexts, same draws): mean effect "
+            f"{fmt(row['effect_model'], signed=True)} against {fmt(row['effect_other'], signed=True)}, "
+            f"difference {_interval(row, min_clusters)}")
+    if int(row["problems"]) < min_clusters:
+        return head + " -> not compared: too few problems for an interval"
+    verdict = {1: f"the swap matters more to {model} than to {other}",
+               -1: f"the swap matters less to {model} than to {other}",
+               0: f"{model} and {other} are not told apart"}[_shown_excludes_zero(row, min_clusters)]
+    return f"{head} -> {verdict} (95% interval, problems resampled)"

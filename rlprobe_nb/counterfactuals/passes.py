@@ -62,7 +62,7 @@ def pass_counts(model, tokenizer, plan: pd.DataFrame, rollouts: pd.DataFrame,
                 gold: dict[str, str], *, model_name: str, n: int, temperature: float,
                 max_new_tokens: int, seed: int, batch_rows: int = 32,
                 continuation_tokens: int | None = None, stop_at_box: bool = False,
-                share_prefix: bool = True, timeout_s: float = 5.0, workers: int = 2,
+                timeout_s: float = 5.0, workers: int = 2,
                 progress: bool | str = False) -> pd.DataFrame:
     """Sample ``n`` continuations of every context of ``plan`` from ``model`` and grade each
     whole response (context response part + continuation) against the problem's gold
@@ -82,9 +82,9 @@ def pass_counts(model, tokenizer, plan: pd.DataFrame, rollouts: pd.DataFrame,
         contexts.append(Context(tuple(int(t) for t in by_id.at[rid, "prompt_ids"]),
                                 branch_response(response, k, sub), int(max_new_tokens),
                                 continuation_tokens))
-        seeds.append([continuation_seed(seed, model_name, rid, k, sub, s) for s in range(n)])
+        seeds.append([continuation_seed(seed, rid, k, sub, s) for s in range(n)])
     outs = continue_contexts(model, tokenizer, contexts, seeds, temperature, batch_rows,
-                             share_prefix, progress, stop_at_box=stop_at_box)
+                             progress, stop_at_box=stop_at_box)
     texts, golds = [], []
     for (rid, _, _), ctx, samples in zip(keys, contexts, outs):
         for new, _ in samples:

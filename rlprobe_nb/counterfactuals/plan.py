@@ -78,17 +78,23 @@ def case_studies(points: pd.DataFrame, count: int) -> list[str]:
 
 def build(points: pd.DataFrame, controls: pd.DataFrame, tokens: pd.DataFrame,
           rollouts: pd.DataFrame, policies: dict[str, set[str] | None], *,
-          case_study_ids: list[str], grid_points: int, special: set[int]) -> pd.DataFrame:
+          case_study_ids: list[str], grid_points: int, special: set[int],
+          grid_models: set[str] | None = None) -> pd.DataFrame:
     """The plan: every point's arms (``combine``), every control's keep and top1, and the
     grid of the case studies, for each policy model. ``policies`` maps a model to the
-    problem ids it continues (None: all)."""
+    problem ids it continues (None: all); ``grid_models`` are the policies that also
+    continue the case studies' grid (None: all)."""
     parts = [arm_rows(points, "point", _point_arms),
-             arm_rows(controls, "control", lambda r: ["top1"]),
-             grid_rows(rollouts, tokens, case_study_ids, grid_points, special)]
-    one = pd.concat([p for p in parts if len(p)], ignore_index=True).reindex(columns=COLUMNS[1:])
+             arm_rows(controls, "control", lambda r: ["top1"])]
+    grid = grid_rows(rollouts, tokens, case_study_ids, grid_points, special)
+    frame = [p for p in parts if len(p)]
+    one = (pd.concat(frame, ignore_index=True) if frame else grid.iloc[:0]).reindex(columns=COLUMNS[1:])
+    grid = grid.reindex(columns=COLUMNS[1:])
     out = []
     for model, problems in policies.items():
-        rows = one if problems is None else one[one["problem_id"].isin(list(problems))]
+        rows = one if grid_models is not None and model not in grid_models \
+            else pd.concat([one, grid], ignore_index=True)
+        rows = rows if problems is None else rows[rows["problem_id"].isin(list(problems))]
         out.append(rows.assign(model=model))
     plan = pd.concat(out, ignore_index=True)[COLUMNS]
     return plan.drop_duplicates(["model", "rollout_id", "kind", "pos", "arm"]).reset_index(drop=True)

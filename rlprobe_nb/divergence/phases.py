@@ -119,6 +119,14 @@ def contrasts(tokens: pd.DataFrame, labels: pd.Series, scheme: str, step: int | 
     return pd.DataFrame(out, columns=columns)
 
 
+def contrast_table(tokens: pd.DataFrame, categories: pd.Series, labels: pd.Series,
+                   seed: int = 0) -> pd.DataFrame:
+    """``contrasts`` by token category and by ground-truth label in one table (``scheme``:
+    "token_category" or "ground_truth")."""
+    return pd.concat([contrasts(tokens, categories, "token_category", seed=seed),
+                      contrasts(tokens, labels, "ground_truth", seed=seed)], ignore_index=True)
+
+
 def change_contributions(tokens: pd.DataFrame, labels: pd.Series, metric: str = "kl_ref_ckpt",
                          seed: int = 0) -> pd.DataFrame:
     """How much each label contributes to the change of the mean ``metric`` from one step

@@ -29,8 +29,7 @@ from scipy import stats
 
 from rlprobe_nb.divergence import clustered
 from rlprobe_nb.statistics import seed_from
-from rlprobe_nb.suite import paths
-from rlprobe_nb.tables import provenance, schemas
+from rlprobe_nb.tables import derived, provenance
 
 METRICS = ("kl_ref_ckpt", "kl_ckpt_ref", "js", "dlogp")
 KEYS = ["step", "checkpoint"]
@@ -308,17 +307,23 @@ def _rank_correlation(x, y, codes, counts):
     return rho, max(low, -1.0), min(high, 1.0)
 
 
-def write_aggregates(P, tables: dict, seed: int, extra: dict | None = None,
-                     settings: dict | None = None) -> list:
-    """Write each aggregate (name -> DataFrame, names as in ``schemas.TABLES``) under
-    data/<suite>/<name>/ with its schema and one manifest (the suite's parameters, the
-    bootstrap seed and ``extra``, e.g. what the token tables were), keyed on the token
-    tables it was computed from and ``settings``. Returns the folders."""
-    from rlprobe_nb.tables import lineage
+# Chapter 04's tables (each with its schema in ``schemas.TABLES``), in the chapter's order.
+TABLES = ("divergence_when", "divergence_per_problem", "divergence_changes",
+          "divergence_ground_truth", "divergence_change_by_label", "divergence_onsets",
+          "divergence_ecdf", "divergence_tails", "divergence_position", "divergence_categories",
+          "divergence_contrasts", "divergence_similarity", "entropy_deciles", "entropy_share",
+          "estimator_lab", "estimator_reweighted")
 
+
+def chapter_tables(P, tokens: pd.DataFrame, seed: int, min_problems: int,
+                   overwrite: bool = False) -> derived.ChapterTables:
+    """Chapter 04's tables, each reused when complete with the same inputs, else computed
+    (``tables.derived``: another key is refused unless ``overwrite``). Their rows depend on
+    the token tables, the chapter's code, the bootstrap ``seed`` and ``min_problems`` (the
+    fewest problems an onset or a contrast is read from)."""
     manifest = provenance.manifest(P, seeds={"bootstrap": seed, "n_boot": clustered.N_BOOT},
-                                   extra=extra)
-    for name, frame in tables.items():
-        lineage.write_derived(P, name, frame, schemas.TABLES[name], manifest,
-                                   {"seed": seed, **(settings or {})}, "notebooks/04_divergence")
-    return [paths.table_dir(P.suite, name) for name in tables]
+                                   extra={"token_rows": len(tokens),
+                                          "checkpoints": sorted(tokens.checkpoint.unique())})
+    settings = {"seed": seed, "min_problems": min_problems}
+    return derived.ChapterTables(P, "notebooks/04_divergence", dict.fromkeys(TABLES, settings),
+                                 manifest, overwrite=overwrite)

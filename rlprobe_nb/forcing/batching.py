@@ -28,14 +28,21 @@ class Batch:
 
 def plan_batches(seqs: SequenceSet | Sequence[ForcedSequence], batch_tokens: int,
                  max_sequences: int | None = None) -> list[Batch]:
-    """Length-bucketed batches: longest first (an out-of-memory shows at once), each
-    holding at most ``batch_tokens`` padded input tokens (a longer sequence goes alone)
-    and at most ``max_sequences`` sequences. Deterministic: ties broken by rollout id."""
+    """Batches of at most ``batch_tokens`` padded input tokens (a longer sequence goes
+    alone) and at most ``max_sequences`` sequences. The rollouts of one prompt are kept
+    together, so that a batch forwards each prompt once (``shared_prompts``); prompts go
+    by their longest rollout, longest first (an out-of-memory shows at once), and within
+    a prompt by length. Deterministic: ties broken by rollout id."""
     items = seqs.sequences if isinstance(seqs, SequenceSet) else list(seqs)
     if batch_tokens < 1:
         raise ValueError(f"batch_tokens must be positive, got {batch_tokens}")
     lengths = [len(s.input_ids) - 1 for s in items]  # the last token predicts nothing
-    order = sorted(range(len(items)), key=lambda i: (-lengths[i], items[i].rollout_id))
+    prompts = [tuple(s.input_ids[:s.prompt_len]) for s in items]
+    longest: dict[tuple, int] = {}
+    for p, n in zip(prompts, lengths):
+        longest[p] = max(longest.get(p, 0), n)
+    order = sorted(range(len(items)), key=lambda i: (-longest[prompts[i]], prompts[i],
+                                                     -lengths[i], items[i].rollout_id))
     groups, current, width = [], [], 0
     for i in order:
         w = max(width, lengths[i])

@@ -29,9 +29,11 @@ def compile_layers(model, enable: bool = True) -> int:
     Regional compilation: identical layers share one compiled graph, so it compiles in
     seconds, not the minutes of a whole-model compile; dynamic shapes, so the bucketed
     batches of varying width do not recompile. It fuses the norms, rotary embedding,
-    activation and residual adds; the matmuls are the same cuBLAS calls. Hidden states
-    can differ from eager in the last bf16 bit (as they do between batch sizes); the
-    divergence math downstream is unchanged. Returns the number of layers.
+    activation and residual adds; the matmuls are the same cuBLAS calls. Inductor's
+    deterministic mode: no kernel is chosen by timing it on the device, so every process
+    compiles the same kernels and a token table does not depend on how many GPUs computed
+    it. Hidden states can differ from eager in the last bf16 bit (as they do between batch
+    sizes); the divergence math downstream is unchanged. Returns the number of layers.
     """
     body = decoder_of(model)
     layers = list(getattr(body, "layers", []))
@@ -39,7 +41,7 @@ def compile_layers(model, enable: bool = True) -> int:
         raise TypeError(f"cannot find the decoder layers of {type(model).__name__}")
     for module in layers + [m for m in (getattr(body, "norm", None),) if m is not None]:
         if enable:
-            module.compile(dynamic=True)
+            module.compile(dynamic=True, options={"deterministic": True})
         else:
             module._compiled_call_impl = None
     return len(layers)

@@ -17,7 +17,10 @@ thread, copies on a side stream, shards written on a thread so the device never 
 finish (caches indexed, the manifest written last). Everything is resumable: shards and
 cache files are named by their content, so a rerun at any batch size computes only what
 is missing. An out-of-memory error halves ``batch_tokens`` and goes on
-(accelerate's ``find_executable_batch_size``); finished shards are kept.
+(accelerate's ``find_executable_batch_size``); finished shards are kept. Rows move with
+the batches by float32 rounding of the model body (``precision.BATCH_TOLERANCE``), so
+every shard and cache file records the batch_tokens it was computed at and the manifest
+names them all (``engine.batch_tokens``, and per cached side).
 
 A run can be shared among processes (``forcing.sharded.run_pair``): the coordinator takes the
 locks, plans the batches over every missing sequence (``pending`` and ``plan_batches``)
@@ -55,8 +58,10 @@ from rlprobe_nb.forcing.heads import (
     pair_metrics,
 )
 from rlprobe_nb.forcing.hidden_cache import HiddenCache
+from rlprobe_nb.forcing.shared_prompts import forward_shared, shares_prompts
 from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
-from rlprobe_nb.forcing.token_table import UNIQUE, covered_rollouts, rows_table, table_key
+from rlprobe_nb.forcing.token_table import UNIQUE, batch_sizes, covered_rollouts, rows_table
+from rlprobe_nb.forcing.token_table import table_key, with_batch_tokens
 from rlprobe_nb.forcing.transfer import DeviceCopy, HostCopy
 from rlprobe_nb.generation.out_of_memory import halving_on_oom, is_out_of_memory
 from rlprobe_nb.progress import tqdm
@@ -64,7 +69,8 @@ from rlprobe_nb.suite import paths, tokenizers
 from rlprobe_nb.tables import keys, lineage, schemas, storage
 
 # The code a model's cached hidden states depend on: the forward of the body, the cache.
-HIDDEN_CODE = ("forcing/body.py", "forcing/hidden_cache.py", "forcing/batching.py")
+HIDDEN_CODE = ("forcing/body.py", "forcing/hidden_cache.py", "forcing/batching.py",
+               "forcing/shared_prompts.py")
 
 
 @dataclass
@@ -139,8 +145,10 @@ def _join_cache(cache: HiddenCache, identity: dict) -> None:
 
 
 def _prepare_side(side: Side, cache: HiddenCache | None, seqs: SequenceSet, device,
-                  longest: int, shared: bool = False) -> tuple[LMHead, dict]:
-    """Every check of one side, before any forward; returns its head on the device."""
+                  longest: int, shared: bool = False, overwrite: bool = False
+                  ) -> tuple[LMHead, dict]:
+    """Every check of one side, before any forward; returns its head on the device. A
+    forwarded side's cache of another identity is refused, or discarded with ``overwrite``."""
     facts: dict[str, Any] = {"name": side.name}
     if side.tokenizer is not None:
         tokenizers.check_identities(tokenizers.tokenizer_identity(side.tokenizer),
@@ -155,7 +163,7 @@ def _prepare_side(side: Side, cache: HiddenCache | None, seqs: SequenceSet, devi
         if cache is not None and shared:
             _join_cache(cache, ident)
         elif cache is not None:
-            cache.begin(ident)  # its head is saved by run_pair, in the background
+            cache.begin(ident, overwrite)  # its head is saved by run_pair, in the background
         facts.update(ident, source="forward", device=str(next(side.model.parameters()).device))
     else:
         if cache is None:
@@ -175,7 +183,8 @@ def _prepare_side(side: Side, cache: HiddenCache | None, seqs: SequenceSet, devi
                 f"{len(missing)} of {len(seqs)} rollouts (e.g. {missing[:3]}): forward "
                 f"{side.name} over these rollouts first (pass its model)")
         head = cache.load_head(device)
-        facts.update(ident, source="cache", cache=str(cache.folder))
+        facts.update(ident, source="cache", cache=str(cache.folder),
+                     batch_tokens=cache.batch_tokens(seqs.sequences))
     if head.vocab_size != seqs.tokenizer["size"]:
         raise ValueError(f"{side.name}: LM head vocabulary {head.vocab_size} != tokenizer "
                          f"size {seqs.tokenizer['size']}")
@@ -218,8 +227,8 @@ class _PairRun:
                                             (self.ckpt.name, self.ref.name))
         longest = max(len(s.input_ids) for s in self.seqs.sequences)
         self.caches = [s.cache() for s in self.sides]
-        prepared = [_prepare_side(s, c, self.seqs, self.device, longest, self.share is not None)
-                    for s, c in zip(self.sides, self.caches)]
+        prepared = [_prepare_side(s, c, self.seqs, self.device, longest, self.share is not None,
+                                  self.overwrite) for s, c in zip(self.sides, self.caches)]
         self.heads = [p[0] for p in prepared]
         self.side_facts = [p[1] for p in prepared]
         self.row_fn = (metrics.compiled_row_fn(self.device)
@@ -282,7 +291,7 @@ class _PairRun:
                     pending.pop(0).result()
                 self.waits["writes"] += time.perf_counter() - t_wait
                 pending.append(writer.submit(self._write, batches[k], members[k], copies,
-                                             metric_copy))
+                                             metric_copy, batch_tokens))
                 self.computed += 1
                 self.rows_done += sum(s.n_rows for s in members[k])
                 bar.set_postfix(tok_s=f"{self.rows_done / max(time.perf_counter() - t0, 1e-9):.0f}")
@@ -311,7 +320,7 @@ class _PairRun:
                 continue
             if ids is None:
                 ids, mask, rows, targets = batch_inputs(members, batch.width, self.device)
-            h = self._forward(side.model, ids, mask, rows)
+            h = self._forward(side.model, members, ids, mask, rows)
             check_padded_mass(h, head, side.name)
             hidden.append(h)
             copies.append(HostCopy(h) if cache is not None else None)
@@ -325,24 +334,33 @@ class _PairRun:
                               self.chunk_positions, self.topk, self.row_fn)
         return copies, HostCopy(packed)
 
-    def _forward(self, model, ids, mask, rows) -> torch.Tensor:
-        try:
+    def _forward(self, model, members, ids, mask, rows) -> torch.Tensor:
+        """The batch's hidden states: each shared prompt forwarded once where the batch
+        has one (``shared_prompts``) and the layers run eagerly, else every sequence
+        whole (compiled layers are traced for the whole-sequence call; a call with a
+        key/value cache would trace them again)."""
+        def forward():
+            if not layers_compiled(model) and shares_prompts(members):
+                return forward_shared(model, members, self.device)
             return forward_hidden(model, ids, mask, rows)
+
+        try:
+            return forward()
         except Exception as err:  # noqa: BLE001 - a compiler failure: go on eager
             if is_out_of_memory(err) or id(model) not in self.compiled:
                 raise
             warnings.warn(f"compiled decoder layers failed ({err!r}); forwarding eager")
             compile_layers(self.compiled.pop(id(model)), enable=False)
-            return forward_hidden(model, ids, mask, rows)
+            return forward()
 
-    def _write(self, batch: Batch, members, copies, metric_copy) -> None:
+    def _write(self, batch: Batch, members, copies, metric_copy, batch_tokens: int) -> None:
         for cache, copy in zip(self.caches, copies):
             if copy is not None:
-                cache.save(members, copy.get())
+                cache.save(members, copy.get(), batch_tokens)
         if metric_copy is not None:
-            self.table.write_shard(batch.key, rows_table(
+            self.table.write_shard(batch.key, with_batch_tokens(rows_table(
                 members, metric_copy.get().numpy(), self.suite, self.ckpt.name, self.ref.name,
-                self.topk, self.seqs.shared_contexts()))
+                self.topk, self.seqs.shared_contexts()), batch_tokens))
 
     # the whole run -----------------------------------------------------------------
     def run(self, batch_tokens: int) -> None:
@@ -390,7 +408,8 @@ class _PairRun:
             "sides": [{**f, "head": h.facts()} for f, h in zip(self.side_facts, self.heads)],
             "head_matmul": head_method(torch.empty(1, 1, dtype=self.heads[0].weight.dtype,
                                                    device=self.device), self.heads[0]),
-            "batch_tokens": self.batch_sizes, "batches_computed_this_run": self.computed,
+            "batch_tokens_tried_this_run": self.batch_sizes,
+            "batches_computed_this_run": self.computed,
             "rows_computed_this_run": self.rows_done,
             "seconds_this_run": round(elapsed, 3),
             # the forward loop waiting on the disk (reading cached hidden states / writing)
@@ -411,6 +430,7 @@ class _PairRun:
                 c.finish(self.seqs, {"model": f})
         if self.table is None:
             return None
+        facts.update(batch_sizes(self.table.parts()))
         manifest = {**(self.provenance or {}), "table": "tokens", "suite": self.suite,
                     "checkpoint": self.ckpt.name, "reference": self.ref.name, "engine": facts}
         return self.table.finish(manifest, sorted(self.table.done()))
@@ -438,8 +458,9 @@ def run_pair(seqs: SequenceSet, ckpt: Side, ref: Side, out_dir: str | os.PathLik
     key: the caller's inputs the rows depend on (model identities, parameters, upstream
     tables); with the sequences and top-k it keys the table (``table_key``). A complete
     table with the same key is returned as it is; another key is refused, naming the
-    differences, unless ``overwrite``. Batch and chunk sizes are not in the key: rows are
-    invariant to them within float rounding, so a resume at another size continues.
+    differences, unless ``overwrite``. Batch and chunk sizes are not in the key: rows move
+    with them only within ``precision.BATCH_TOLERANCE``, so a resume at another size
+    continues, and the manifest names every size.
     compile: fused/compiled metric math (default: yes). compile_body: torch.compile the
     forwarded models' decoder layers for this run (``compile_layers``; default: on CUDA),
     undone afterwards; if compiling fails, the run goes on eager with a warning."""

@@ -8,7 +8,8 @@ Files in the cache folder:
                               another identity: ``begin`` refuses, naming the difference.
   head.<sha16>.safetensors    the LM head restricted to the tokenizer's vocabulary
   h-<batch>.<sha16>.safetensors  one batch's states: tensor "hidden" [rows, hidden] and
-                              header metadata (rollout ids, row counts, sequence hashes)
+                              header metadata (rollout ids, row counts, sequence hashes,
+                              the batch_tokens it was computed at)
   index.json                  written last by ``finish``: the rollouts covered
 
 Every data file's name carries the first 16 hex digits of its sha256, computed while it
@@ -34,6 +35,7 @@ from rlprobe_nb.forcing.sequences import ForcedSequence, SequenceSet
 from rlprobe_nb.forcing.transfer import host_slices
 from rlprobe_nb.tables import keys, storage
 
+UNRECORDED = "unrecorded"
 _DATA_RE = re.compile(r"(?P<stem>h-[0-9a-f]+|head)\.(?P<sha>[0-9a-f]{16})\.safetensors\Z")
 
 
@@ -46,6 +48,7 @@ class HiddenCache:
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
         self._index: dict[str, tuple[str, int, int, str]] | None = None
+        self._batch_tokens: dict[str, int | str] = {}  # shard stem -> its batch_tokens
         self._release = None
 
     # identity ----------------------------------------------------------------
@@ -143,26 +146,32 @@ class HiddenCache:
     def has(self, members: Sequence[ForcedSequence]) -> bool:
         return bool(self._data_files(self.shard_stem(members)))
 
-    def save(self, members: Sequence[ForcedSequence], hidden: torch.Tensor) -> None:
+    def save(self, members: Sequence[ForcedSequence], hidden: torch.Tensor,
+             batch_tokens: int) -> None:
         meta = {
             "rollout_ids": json.dumps([s.rollout_id for s in members]),
             "rows": json.dumps([s.n_rows for s in members]),
             "hashes": json.dumps([s.content_hash() for s in members]),
+            "batch_tokens": str(int(batch_tokens)),
         }
         self._write(self.shard_stem(members), {"hidden": hidden}, meta)
         self._index = None
 
     def index(self) -> dict[str, tuple[str, int, int, str]]:
-        """rollout id -> (shard stem, first row, rows, sequence hash), from shard headers."""
+        """rollout id -> (shard stem, first row, rows, sequence hash), from shard headers
+        (which also give each shard's batch_tokens)."""
         if self._index is None:
             from safetensors import safe_open
             idx: dict[str, tuple[str, int, int, str]] = {}
+            self._batch_tokens = {}
             for path in sorted(self.folder.glob("h-*.safetensors")):
                 m = _DATA_RE.match(path.name)
                 if not m:
                     continue
                 with safe_open(str(path), framework="pt", device="cpu") as f:
                     meta = f.metadata() or {}
+                size = meta.get("batch_tokens")  # absent: written before sizes were recorded
+                self._batch_tokens[m["stem"]] = UNRECORDED if size is None else int(size)
                 start = 0
                 for rid, n, hsh in zip(json.loads(meta["rollout_ids"]), json.loads(meta["rows"]),
                                        json.loads(meta["hashes"])):
@@ -170,6 +179,14 @@ class HiddenCache:
                     start += n
             self._index = idx
         return self._index
+
+    def batch_tokens(self, members: Iterable[ForcedSequence]) -> list[int | str]:
+        """Every batch_tokens the cached states of ``members`` were computed at, largest
+        first (a cache filled by two runs at two sizes holds both), and "unrecorded" for
+        shards written before the book recorded them."""
+        idx = self.index()
+        sizes = {self._batch_tokens[idx[s.rollout_id][0]] for s in members}
+        return sorted(sizes - {UNRECORDED}, reverse=True) + sorted(sizes & {UNRECORDED})
 
     def missing(self, members: Iterable[ForcedSequence]) -> list[str]:
         idx = self.index()

@@ -260,7 +260,9 @@ def torch_compiled_row_fn(device: torch.device | str):
     key = dev.type
     if key not in _COMPILED:
         try:
-            compiled = torch.compile(_row_metrics, dynamic=None)
+            # dynamic from the first call: a run's chunks have two sizes (full, and the
+            # last of each batch), and a second, specialised trace costs ~2 s a process
+            compiled = torch.compile(_row_metrics, dynamic=True)
         except Exception as err:  # noqa: BLE001 - any compiler problem means "use eager"
             warnings.warn(f"torch.compile unavailable ({err!r}); divergence math runs eager")
             compiled = None

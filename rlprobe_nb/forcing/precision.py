@@ -11,6 +11,14 @@
 ``measure`` returns one row per metric and comparison with the largest relative error
 (absolute below a floor, see ``FLOORS``); ``benchmarks/precision_demo.py`` prints it for
 the demo suite and the tests hold the engine to it.
+
+What a batch size may change (``batch_effect``): the model body's kernels round some
+positions of a sequence differently when its batch pads it or not (measured on the CPU:
+those past its last full block of 16 positions), so a few percent of the rows move, each
+by float32 rounding of the hidden states, and a value of the table moves by at most
+``BATCH_TOLERANCE`` × max(1, |value|) nats: absolute below 1 nat, relative above (a k2 of
+37 nats moves more than a KL of 0.1). That is below the table's own error against a
+float64 forward of the models, which is why batch and chunk sizes are in no table's key.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import copy
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -31,6 +40,7 @@ METRICS = metrics.FLOAT_METRICS + metrics.INT_METRICS
 # significant digit when its inputs are float32 (log r ~ k1 is a difference of two logits).
 FLOORS = {**{m: 0.03 for m in metrics.FLOAT_METRICS}, "k1": 0.3, "k2": 0.3, "k3": 0.3}
 KW = dict(suite="precision", topk=5, device="cpu", compile=False, progress=False)
+BATCH_TOLERANCE = 1e-4
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
@@ -62,6 +72,42 @@ def _f64_rows(models_: list, seqs: forcing.SequenceSet) -> list[torch.Tensor]:
     return out
 
 
+def _tables(seqs: forcing.SequenceSet, ckpt, ref, sizes, folder: Path) -> list[pd.DataFrame]:
+    """The table of ``ckpt`` vs ``ref`` at each (batch_tokens, chunk_positions) of
+    ``sizes``, rows in (rollout_id, pos) order; hidden states cached under ``folder``."""
+    tables = []
+    for k, (batch, chunk) in enumerate(sizes):
+        out = forcing.run_pair(seqs, forcing.Side("ckpt", ckpt, cache_dir=folder / f"hc{k}"),
+                               forcing.Side("ref", ref, cache_dir=folder / f"hr{k}"),
+                               folder / f"t{k}", batch_tokens=batch, chunk_positions=chunk, **KW)
+        tables.append(_sorted(storage.read_table(out)))
+    return tables
+
+
+@torch.no_grad()
+def batch_effect(seqs: forcing.SequenceSet, ckpt, ref,
+                 sizes=((4096, 256), (1024, 256))) -> pd.DataFrame:
+    """Per metric and size after the first: the largest change from the table at the first
+    (batch_tokens, chunk_positions), in nats (``max_change``) and scaled as
+    ``BATCH_TOLERANCE`` holds it (``scaled``: change / max(1, |value|)), the share of rows
+    that moved, and for ranks and top-k ids the share of rows that changed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base, *others = _tables(seqs, ckpt, ref, sizes, Path(tmp))
+    rows = []
+    for (batch, chunk), other in zip(sizes[1:], others):
+        for name in metrics.FLOAT_METRICS:
+            a, b = base[name].to_numpy(np.float64), other[name].to_numpy(np.float64)
+            change = np.abs(a - b)
+            rows.append({"batch_tokens": batch, "chunk_positions": chunk, "metric": name,
+                         "max_change": change.max(), "rows_moved": (change > 0).mean(),
+                         "scaled": (change / np.maximum(1.0, np.abs(a))).max()})
+        for name in ("rank_ckpt", "rank_ref", "topk_ids_ckpt", "topk_ids_ref"):
+            moved = [not np.array_equal(x, y) for x, y in zip(base[name], other[name])]
+            rows.append({"batch_tokens": batch, "chunk_positions": chunk, "metric": name,
+                         "rows_moved": float(np.mean(moved))})
+    return pd.DataFrame(rows)
+
+
 @torch.no_grad()
 def measure(seqs: forcing.SequenceSet, ckpt, ref, sizes=((4096, 256), (97, 7))) -> pd.DataFrame:
     """The three comparisons for checkpoint ``ckpt`` vs reference ``ref`` (float32 models)
@@ -69,13 +115,7 @@ def measure(seqs: forcing.SequenceSet, ckpt, ref, sizes=((4096, 256), (97, 7))) 
     base of the invariance comparison."""
     targets = torch.tensor([t for s in seqs.sequences for t in s.response_ids])
     with tempfile.TemporaryDirectory() as tmp:
-        tables = []
-        for k, (batch, chunk) in enumerate(sizes):
-            out = forcing.run_pair(seqs, forcing.Side("ckpt", ckpt, cache_dir=Path(tmp) / f"hc{k}"),
-                                   forcing.Side("ref", ref, cache_dir=Path(tmp) / f"hr{k}"),
-                                   Path(tmp) / f"t{k}", batch_tokens=batch,
-                                   chunk_positions=chunk, **KW)
-            tables.append(_sorted(storage.read_table(out)))
+        tables = _tables(seqs, ckpt, ref, sizes, Path(tmp))
         order = {s.rollout_id: i for i, s in enumerate(seqs.sequences)}
         base = tables[0]
         in_seq = (base.assign(_o=base.rollout_id.map(order)).sort_values(["_o", "pos"])

@@ -13,7 +13,7 @@ from rlprobe_nb.forcing.batching import plan_batches
 from rlprobe_nb.forcing.engine import Share, pending, table_key
 from rlprobe_nb.forcing.engine import run_pair as run_here
 from rlprobe_nb.forcing.hidden_cache import HiddenCache
-from rlprobe_nb.forcing.token_table import UNIQUE
+from rlprobe_nb.forcing.token_table import UNIQUE, batch_sizes
 from rlprobe_nb.tables import schemas, storage
 
 
@@ -29,13 +29,9 @@ def run_pair(seqs, names: tuple[str, str], out_dir, load: Callable[[], tuple], *
     folder of each side the workers forward (the coordinator takes its lock and writes its
     index). ``out_dir=None`` fills the caches only (``forward_to_cache``). provenance: the
     manifest's base, or a function that returns it once the models are loaded. The other
-    arguments are ``run_pair``'s, except that ``compile_body=None`` means eager layers here
-    (the same table for any number of workers). Returns the table folder (None without a table)."""
-    if engine.get("compile_body") is None:
-        # Eager decoder layers unless asked for: compiled (autotuned) kernels differ between
-        # processes, so the table would depend on how many workers ran and where; and each
-        # worker would compile again (measured: benchmarks/RESULTS.md)
-        engine["compile_body"] = False
+    arguments are ``run_pair``'s (``compile_body=None``: compiled layers on CUDA, in
+    inductor's deterministic mode, so every worker compiles the same kernels).
+    Returns the table folder (None without a table)."""
     kw = dict(batch_tokens=batch_tokens, max_sequences=max_sequences, topk=topk, key=key,
               overwrite=overwrite, suite=suite, **engine)
     n = distributed.processes() if workers is None else int(workers)
@@ -98,7 +94,7 @@ def _finish_pair(seqs, names, table, caches, facts_dir, provenance, suite, ran: 
               "batches_computed_this_run": sum(f.get("batches_computed_this_run", 0) for f in shares),
               "rows_computed_this_run": rows,
               "response_tokens_per_s_this_run": round(rows / seconds, 1) if seconds > 0 else None,
-              "workers": [{k: f.get(k) for k in ("cuda_device", "batch_tokens",
+              "workers": [{k: f.get(k) for k in ("cuda_device", "batch_tokens_tried_this_run",
                                                  "batches_computed_this_run", "seconds_this_run")}
                           for f in shares]}
     side_facts = {f["name"]: f for f in merged.get("sides", [])}
@@ -107,6 +103,7 @@ def _finish_pair(seqs, names, table, caches, facts_dir, provenance, suite, ran: 
     for f in files:  # read: gone before the working folder becomes the table
         f.unlink()
     if table is not None:
+        merged.update(batch_sizes(table.parts()))
         table.finish({**(provenance or {}), "table": "tokens", "suite": suite,
                       "checkpoint": names[0], "reference": names[1], "engine": merged},
                      sorted(table.done()))

@@ -4,6 +4,8 @@ per-row Python objects but the token strings, so writing keeps up with the GPU."
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -86,6 +88,26 @@ def rows_table(members: Sequence[ForcedSequence], host: np.ndarray, suite: str,
 
 
 UNIQUE = ["checkpoint", "reference", "rollout_id", "pos"]
+
+# A part's parquet metadata: the batch_tokens it was computed at. Rows move with the
+# batches within float32 rounding (``precision.BATCH_TOLERANCE``), so a table resumed at
+# another batch size names every size its rows come from (``batch_sizes``).
+BATCH_TOKENS = b"rlprobe_nb.batch_tokens"
+
+
+def with_batch_tokens(table: pa.Table, batch_tokens: int) -> pa.Table:
+    return table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                          BATCH_TOKENS: str(int(batch_tokens)).encode()})
+
+
+def batch_sizes(parts: dict[str, Path]) -> dict:
+    """The manifest's record of the batch sizes a token table's ``parts`` were computed
+    at, however many runs wrote them: every size (largest first) and its parts."""
+    import pyarrow.parquet as pq
+
+    used = Counter(int(pq.read_schema(path).metadata[BATCH_TOKENS]) for path in parts.values())
+    sizes = sorted(used, reverse=True)
+    return {"batch_tokens": sizes, "shards_by_batch_tokens": {str(n): used[n] for n in sizes}}
 
 
 def covered_rollouts(parts: dict) -> dict[str, set[str]]:

@@ -77,7 +77,8 @@ class Request:
     max_new_tokens: int
 
 
-Result = tuple[list[int], str]  # (new token ids, "stop" | "length")
+Result = tuple[list[int], str]  # (new token ids, "stop" | "length" | finish's reason)
+Finish = Callable[[list[int]], "str | None"]  # a sequence's new ids -> why it ends, or None
 
 
 def _round_up(n: int, step: int = SPAN_STEP) -> int:
@@ -129,6 +130,7 @@ class _Slots:
         self.occupant: list[int | None] = [None] * slots
         self.tokens: list[list[int]] = [[] for _ in range(slots)]
         self.requests: dict[int, Request] = {}
+        self.finish: Finish | None = None
         self.spans = sorted({min(self.length, _round_up(math.ceil(self.length * q / 4)))
                              for q in (1, 2, 3, 4)})
         self.graphs: dict[int, tuple] | None = None
@@ -305,8 +307,10 @@ class _Slots:
         return first.tolist()
 
     # the host side -----------------------------------------------------------------
-    def run(self, queue: deque, results: dict, on_result: Callable[[], None]) -> None:
+    def run(self, queue: deque, results: dict, on_result: Callable[[], None],
+            finish: Finish | None = None) -> None:
         """Decode every (index, request) of ``queue`` into ``results[index]``."""
+        self.finish = finish
         self._fill(queue, results, on_result)
         while any(o is not None for o in self.occupant):
             tokens = self._run_step(self._span())
@@ -322,8 +326,10 @@ class _Slots:
     def _append(self, b: int, token: int, results: dict, on_result) -> None:
         who = self.occupant[b]
         self.tokens[b].append(token)
-        if token in self.eos or len(self.tokens[b]) >= self.requests[who].max_new_tokens:
-            results[who] = (self.tokens[b], "stop" if token in self.eos else "length")
+        why = finish_reason(self.tokens[b], token, self.eos, self.finish,
+                            self.requests[who].max_new_tokens)
+        if why is not None:
+            results[who] = (self.tokens[b], why)
             self.occupant[b], self.tokens[b] = None, []
             del self.requests[who]
             on_result()
@@ -359,6 +365,17 @@ class _Slots:
         self.tokens = [self.tokens[b] for b in keep]
 
 
+def finish_reason(tokens: list[int], token: int, eos: set, finish: Finish | None,
+                  max_new_tokens: int) -> str | None:
+    """Why a sequence ends after its newest ``token``, or None while it goes on."""
+    if token in eos:
+        return "stop"
+    why = finish(tokens) if finish is not None else None
+    if why is None and len(tokens) >= max_new_tokens:
+        return "length"
+    return why
+
+
 def auto_slots(model, length: int, vocab: int, cap: int) -> int:
     """The most slots the free memory of the model's CUDA device holds (key/value buffers,
     logits and sampler temporaries of every span's graph), with a tenth kept free; ``cap``
@@ -374,10 +391,11 @@ def auto_slots(model, length: int, vocab: int, cap: int) -> int:
 @torch.inference_mode()
 def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
              slots: int | str = 64, cuda_graphs: bool | None = None, compiled: bool = False,
-             pad: int | None = None, progress: Callable[[], None] | None = None
-             ) -> list[Result]:
+             pad: int | None = None, progress: Callable[[], None] | None = None,
+             finish: Finish | None = None) -> list[Result]:
     """(new token ids, finish reason) per request, in order: ids cut after EOS ("stop", the
-    EOS kept) or at the request's ``max_new_tokens`` ("length").
+    EOS kept), where ``finish`` (called with a sequence's new ids after each token) names
+    a reason to end it, or at the request's ``max_new_tokens`` ("length").
 
     slots: sequences decoded at a time, or "auto" (the most that fit, at most 1024).
     cuda_graphs: capture the decode step (default: on CUDA). compiled: the captured step's
@@ -400,10 +418,10 @@ def generate(model, requests: Sequence[Request], eos: Sequence[int], *,
     def attempt(size: int) -> None:
         queue = deque((i, requests[i]) for i in order if i not in results)
         if not uses_slots(model):
-            return hf_generate(model, queue, size, eos, pad, results, on_result)
+            return hf_generate(model, queue, size, eos, pad, results, on_result, finish)
         try:
             _engine(model, min(size, len(queue)), length, eos, graphs, compiled).run(
-                queue, results, on_result)
+                queue, results, on_result, finish)
         except Exception as err:
             if is_out_of_memory(err):
                 release()  # the next, smaller engine needs the memory this one holds

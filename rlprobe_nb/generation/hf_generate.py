@@ -1,6 +1,8 @@
 """Decoding through HF ``generate`` for models the slot loop does not serve (see
 ``decoding``): the same seeded draws (``sampling.SeededLogitsProcessor``), in left-padded
-batches of ``size`` requests, cut after EOS or at each request's token budget."""
+batches of ``size`` requests, cut after EOS, where ``finish`` ends a sequence (as the slot
+loop cuts it: a draw depends on its seed and step alone, so the tokens up to the cut are
+the same), or at each request's token budget."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from rlprobe_nb.generation import sampling
 
 
 def hf_generate(model, queue: deque, size: int, eos: Sequence[int], pad: int | None,
-                 results: dict, on_result) -> None:
+                 results: dict, on_result, finish=None) -> None:
     """HF ``generate`` with the seeded draws, ``size`` requests at a time (left-padded)."""
     from torch.nn.utils.rnn import pad_sequence
     from transformers import GenerationConfig
@@ -35,7 +37,15 @@ def hf_generate(model, queue: deque, size: int, eos: Sequence[int], pad: int | N
                                  sampling.SeededLogitsProcessor(
                                      [r.temperature for _, r in batch], [r.seed for _, r in batch])])
         for (who, req), row in zip(batch, out[:, ids.shape[1]:].tolist()):
-            row = row[:req.max_new_tokens]
-            cut = next((k for k, t in enumerate(row) if t in stop), None)
-            results[who] = (row, "length") if cut is None else (row[:cut + 1], "stop")
+            results[who] = _cut(row, stop, finish, req.max_new_tokens)
             on_result()
+
+
+def _cut(row: list[int], stop: set, finish, max_new_tokens: int) -> tuple[list[int], str]:
+    from rlprobe_nb.generation.decoding import finish_reason
+
+    for k, token in enumerate(row[:max_new_tokens]):
+        why = finish_reason(row[:k + 1], token, stop, finish, max_new_tokens)
+        if why is not None:
+            return row[:k + 1], why
+    return row[:max_new_tokens], "length"

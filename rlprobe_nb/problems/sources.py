@@ -55,11 +55,13 @@ def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and v != v)
 
 
-def to_frame(records: list[dict], source: str, default_ids: list[str] | None = None) -> pd.DataFrame:
-    """MATH-schema records -> a PROBLEMS table (gold answers extracted, ids checked)."""
+def to_frame(records: list[dict], source: str, default_ids: list[str] | None = None,
+             places: list[str] | None = None) -> pd.DataFrame:
+    """MATH-schema records -> a PROBLEMS table (gold answers extracted, ids checked).
+    ``places``: where each record is, as an error names it (default: its 0-based row)."""
     rows = []
     for i, r in enumerate(records):
-        where = f"{source} row {i}"
+        where = places[i] if places is not None else f"{source} row {i}"
         if not isinstance(r, dict):
             raise ProblemsError(f"{where}: expected an object with MATH's fields, got {type(r).__name__}")
         r = {k: (None if _missing(v) else v) for k, v in r.items()}  # parquet/pandas nulls
@@ -105,32 +107,64 @@ def from_demo(split: str, n: int, seed: int) -> pd.DataFrame:
     return to_frame(generate_problems(split, n, seed), f"demo:{split}")
 
 
-def read_records(path: str | os.PathLike) -> list[dict]:
-    """Records of a JSON (a list, or an object keyed by id), JSONL or parquet file."""
+def read_records(path: str | os.PathLike) -> tuple[list[dict], list[str]]:
+    """Records of a JSON (a list, or an object keyed by id), JSONL or parquet file, and
+    where each is: ``file:line`` (the line it starts on), or for parquet ``file row i``
+    (0-based, as pandas shows it)."""
     path = Path(path)
     if not path.exists():
         raise ProblemsError(f"problem file {path} does not exist (problems.path in the suite params)")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        return [{k: _text(v, f"{path} row {i} column {k!r}") for k, v in r.items()}
-                for i, r in enumerate(pd.read_parquet(path).to_dict("records"))]
+        rows = pd.read_parquet(path).to_dict("records")
+        return ([{k: _text(v, f"{path} row {i} column {k!r}") for k, v in r.items()}
+                 for i, r in enumerate(rows)],
+                [f"{path} row {i} (0-based)" for i in range(len(rows))])
     if suffix == ".jsonl":
-        records = []
+        records, places = [], []
         for n, line in enumerate(read_text(path).splitlines(), 1):
             if line.strip():
                 try:
                     records.append(json.loads(line, object_pairs_hook=_unique_pairs(f"{path}:{n}")))
                 except json.JSONDecodeError as e:
                     raise ProblemsError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        return records
+                places.append(f"{path}:{n}")
+        return records, places
     if suffix == ".json":
-        data = read_json_strict(path)
+        text = read_text(path)
+        data = read_json_strict(path, text)
+        if not isinstance(data, (dict, list)):
+            raise ProblemsError(f"{path}: expected a list of problems or an object keyed by id")
+        places = [f"{path}:{n}" for n in _member_lines(text)]
         if isinstance(data, dict):  # {unique_id: {...}}
-            return [{"unique_id": k, **v} for k, v in data.items()]
-        if isinstance(data, list):
-            return data
-        raise ProblemsError(f"{path}: expected a list of problems or an object keyed by id")
+            return [{"unique_id": k, **v} if isinstance(v, dict) else v
+                    for k, v in data.items()], places
+        return data, places
     raise ProblemsError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _member_lines(text: str) -> list[int]:
+    """The line (1-based) on which each member of a valid JSON text's top-level list or
+    object starts (an object's member starts at its key)."""
+    decoder = json.JSONDecoder()
+    i = _SPACE.match(text).end()
+    is_object = text[i] == "{"
+    i = _SPACE.match(text, i + 1).end()
+    lines, line, counted = [], 1, 0
+    while text[i] not in "]}":
+        line += text.count("\n", counted, i)
+        counted = i
+        lines.append(line)
+        if is_object:  # the key, then the colon
+            i = _SPACE.match(text, decoder.raw_decode(text, i)[1]).end() + 1
+            i = _SPACE.match(text, i).end()
+        i = _SPACE.match(text, decoder.raw_decode(text, i)[1]).end()
+        if text[i] == ",":
+            i = _SPACE.match(text, i + 1).end()
+    return lines
 
 
 def _unique_pairs(where: str):
@@ -147,17 +181,25 @@ def _unique_pairs(where: str):
 
 
 def read_text(path: Path) -> str:
-    """A text file's content as UTF-8, or a ProblemsError naming the file and the byte."""
+    """A text file's content as UTF-8, or a ProblemsError naming the file, the line and
+    the column (in characters) of the first byte that is not UTF-8."""
+    data = path.read_bytes()
     try:
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ProblemsError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
-                            f"{e.start}); save the file as UTF-8") from None
+        line = data.count(b"\n", 0, e.start) + 1
+        column = len(data[data.rfind(b"\n", 0, e.start) + 1:e.start].decode("utf-8")) + 1
+        raise ProblemsError(f"{path}:{line}:{column}: not UTF-8 text (byte "
+                            f"{data[e.start]:#04x} at line {line}, column {column}); save the "
+                            "file as UTF-8") from None
 
 
-def read_json_strict(path: Path):
+def read_json_strict(path: Path, text: str | None = None):
+    """The JSON value of a file (``text``: its content, if read already), refusing a key
+    repeated in one object."""
     try:
-        return json.loads(read_text(path), object_pairs_hook=_unique_pairs(str(path)))
+        return json.loads(read_text(path) if text is None else text,
+                          object_pairs_hook=_unique_pairs(str(path)))
     except json.JSONDecodeError as e:
         raise ProblemsError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
 
@@ -174,7 +216,8 @@ def _text(value, where: str):
 
 
 def from_file(path: str | os.PathLike) -> pd.DataFrame:
-    return to_frame(read_records(path), f"file:{Path(path).name}")
+    records, places = read_records(path)
+    return to_frame(records, f"file:{Path(path).name}", places=places)
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:

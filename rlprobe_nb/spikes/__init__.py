@@ -14,6 +14,7 @@ comparable tokens do, found with a calibrated test, signed, and followed across 
   across_steps   series of a context over steps, onset, persistence class
   regions        adjacent spikes merged into spans of text
   table          the ``spikes`` table
+  chapter        chapter 05's tables, computed once and reused (``tables.derived``)
   charts         calibration, raster, onset heatmap, new persistent spikes per step
   simulate       synthetic tables with planted spikes (calibration and power checks)
   narrative      the chapter's sentences, read from its tables

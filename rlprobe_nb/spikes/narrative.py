@@ -91,3 +91,23 @@ def say_onsets(onsets: pd.DataFrame, separation: int | None, against: str) -> st
         else:
             parts.append(f"`{label}`: {r.status} (at step {int(r.step)}: {r.mean_departure})")
     return (f"{acc}. Departure = Δlogp {against}. " + "; ".join(parts) + ".")
+
+
+def say_run_onsets(rlvr: pd.DataFrame, placebo: pd.DataFrame) -> str:
+    """How many labels and categories have an onset in the RLVR run and in the placebo
+    run (its own departures from the reference), and which."""
+    if placebo.empty:
+        return ("The suite has no placebo run: the onsets above have no null run beside "
+                "them.")
+    parts = []
+    for scheme, name in (("ground_truth", "ground-truth labels"),
+                         ("token_category", "token categories")):
+        said = []
+        for run, frame in (("the RLVR run (its excess over the placebo)", rlvr),
+                           ("the placebo run (its own departures from the reference)", placebo)):
+            part = frame[frame.scheme == scheme]
+            found = part[part.status == "onset"]
+            which = ", ".join(f"`{c}` at {int(s)}" for c, s in zip(found.category, found.onset_step))
+            said.append(f"{run}: {len(found)} of {len(part)}" + (f" ({which})" if which else ""))
+        parts.append(f"{name[0].upper() + name[1:]} with an onset: " + "; ".join(said) + ".")
+    return " ".join(parts)

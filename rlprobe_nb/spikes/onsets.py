@@ -78,6 +78,10 @@ def against_text(rows: pd.DataFrame) -> str:
             + "), else against the reference")
 
 
+DEPARTURE_COLUMNS = ["scheme", "category", "step", "against", "estimate", "low", "high",
+                     "problems", "rows"]
+
+
 def departure_table(rows: pd.DataFrame, labelled: pd.DataFrame, group: str | None = "target",
                     seed: int = 0) -> pd.DataFrame:
     """Per labelling scheme, label (``category``) and step: the mean departure with its
@@ -93,8 +97,7 @@ def departure_table(rows: pd.DataFrame, labelled: pd.DataFrame, group: str | Non
                                   seed=seed)
     against = rows.groupby("step").against.first()
     table["against"] = table.step.map(against)
-    return table[["scheme", "category", "step", "against", "estimate", "low", "high",
-                  "problems", "rows"]]
+    return table[DEPARTURE_COLUMNS]
 
 
 def onsets(table: pd.DataFrame, min_clusters: int = reporting.MIN_CLUSTERS) -> pd.DataFrame:

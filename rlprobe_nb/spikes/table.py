@@ -94,8 +94,8 @@ def strongest_departures(tests: pd.DataFrame, n: int = 12, step: int | None = No
         at = at[~at.first_token.astype(bool)]
     at = at[at.divergence >= min_effect]
     at = at.sort_values(["p", "statistic"], ascending=[True, False]).drop_duplicates("context_id")
-    cols = ["checkpoint", "step", "problem_id", "rollout_id", "pos", "token", "sign", "dlogp",
-            "divergence", "rank_ref", "rank_ckpt", "statistic", "p", "q", "significant"]
+    cols = ["problem_id", "rollout_id", "pos", "token", "sign", "dlogp", "divergence",
+            "rank_ref", "rank_ckpt", "statistic", "p", "q", "significant"]
     return at[[c for c in cols if c in at]].head(n).reset_index(drop=True)
 
 

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from rlprobe_nb.suite import compact_adapters, paths, stop_tokens
+from rlprobe_nb.suite import compact_adapters, lora_merge, paths, stop_tokens
 from rlprobe_nb.suite.params import Params, ParamsError
 from rlprobe_nb.suite.tokenizers import check_same_tokenizer, tokenizer_identity  # noqa: F401 (re-exported)
 from rlprobe_nb.tables.provenance import sha256_file
@@ -196,12 +196,16 @@ def _finish_tokenizer(tok):
 PEFT_DEPRECATION = r"`is_gradient_checkpointing` is deprecated"
 
 
-def _peft_from_pretrained(peft_model_class, base, source: str, **kw):
+def _peft_merged(base, source: str, device: str, **kw):
+    """``base`` with a PEFT adapter merged in through PEFT itself (imported only here)."""
     import warnings
+
+    from peft import PeftModel
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=PEFT_DEPRECATION, category=FutureWarning)
-        return peft_model_class.from_pretrained(base, source, **kw)
+        peft_model = PeftModel.from_pretrained(base, source, **kw)
+    return peft_model.merge_and_unload().to(device).eval()
 
 
 def _from_pretrained(source: str, dtype, device: str, **kw):
@@ -235,8 +239,6 @@ def _load(name: str, P: Params, device: str, dtype) -> tuple[Any, Any, dict]:
         model, tok = _from_pretrained(str(converted), dtype, device, local_files_only=True)
         prov.update(gguf=path.name, gguf_sha256=sha256_file(path), converted=str(converted))
     elif kind == "peft":
-        from peft import PeftModel
-
         base, tok, base_prov = _load(spec["base"], P, device, dtype)
         if "path" in spec:
             source = adapter_folder(name, spec)
@@ -245,12 +247,14 @@ def _load(name: str, P: Params, device: str, dtype) -> tuple[Any, Any, dict]:
                                 else compact_adapters.PEFT_FILE)
             prov.update(path=str(source), adapter_sha256=sha256_file(weights))
             loadable = compact_adapters.loadable(source, paths.cache_dir() / "adapters")
-            peft_model = _peft_from_pretrained(PeftModel, base, str(loadable))
+            if lora_merge.merge(base, loadable):  # a plain LoRA: merged without PEFT
+                model = base.to(device).eval()
+            else:
+                model = _peft_merged(base, str(loadable), device)
         else:
             commit = _hub_commit(spec["id"], spec.get("revision"))
             prov.update(id=spec["id"], revision=spec.get("revision"), commit=commit)
-            peft_model = _peft_from_pretrained(PeftModel, base, spec["id"], revision=commit)
-        model = peft_model.merge_and_unload().to(device).eval()
+            model = _peft_merged(base, spec["id"], device, revision=commit)
         prov["base"] = base_prov
     else:  # params validation makes this unreachable
         raise ParamsError(f"model {name!r}: unknown kind {kind!r}")

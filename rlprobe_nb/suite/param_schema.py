@@ -78,8 +78,8 @@ class ForcingParams:
     topk: int = 5
     context_policy: str = "skip"  # skip | error
     pairs: list[list[str]] = field(default_factory=list)
-    # torch.compile the decoder layers. None: off in the book (forcing.sharded.run_pair), so a
-    # token table is the same for any number of GPUs; on in direct forcing.run_pair calls
+    # torch.compile the decoder layers (inductor's deterministic mode: the same kernels in
+    # every process, so a token table is the same for any number of GPUs). None: on CUDA
     compile_body: Optional[bool] = None
 
 
@@ -107,6 +107,9 @@ class CounterfactualsParams:
     continuation_tokens: Optional[int] = None  # new tokens per continuation; None: no limit
     stop_at_box: bool = True  # a continuation ends once it has closed a box (graded then)
     ref_min_pass: float = 0.1  # the reference continues only problems it solves this often
+    # the placebo checkpoint at the checkpoint's step (where the suite has one) continues
+    # the same contexts with the same draws: does the swap matter less without the reward?
+    placebo: bool = True
     caliper: float = 0.25  # controls: largest gap in the reference's entropy (nats)
     batch_rows: int = 32  # rows per generate call (not in any key: rows do not depend on it)
     seed: int = 0
@@ -164,6 +167,9 @@ RANGES = {
 # temperatures or groups would leave nothing to sample or force; a repeated one counts twice).
 NONEMPTY_UNIQUE = {"rollouts.temperatures", "forcing.groups", "forcing.failure_types",
                    "counterfactuals.point_rule"}
+# Lists that may be empty but hold each value at most once (a pair listed twice would be
+# forced twice into one table).
+UNIQUE = NONEMPTY_UNIQUE | {"forcing.pairs"}
 
 # Suite, model and checkpoint names become folder names: plain names only.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
@@ -177,11 +183,11 @@ def check_name(name: Any, what: str, where: str = "") -> str:
 
 
 def _check_list(value: Any, dotted: str, where: str) -> None:
-    if dotted not in NONEMPTY_UNIQUE:
+    if dotted not in UNIQUE:
         return
-    if not value:
+    if not value and dotted in NONEMPTY_UNIQUE:
         raise ParamsError(f"{where}: the list is empty; give at least one value")
-    repeated = sorted({str(v) for v in value if value.count(v) > 1})
+    repeated = [v for i, v in enumerate(value) if value.count(v) > 1 and v not in value[:i]]
     if repeated:
         raise ParamsError(f"{where}: {repeated} appear more than once; list each value once")
 

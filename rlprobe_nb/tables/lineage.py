@@ -32,7 +32,9 @@ the parameters again (rerun the notebook's first cells) to see files changed sin
 Same key: reuse and say so. Different key: the writing notebook refuses, naming each
 difference, unless run with ``overwrite=True``; a reader refuses a stale table
 (``StaleTableError``) naming the difference and the notebook to rerun. Batch and chunk
-sizes are in no key: rows do not depend on them (measured in the tests).
+sizes are in no key: they move a value only by float32 rounding, within
+``forcing.precision.BATCH_TOLERANCE`` (measured in the tests), and a token table's
+manifest names every batch size its rows were computed at.
 """
 
 from __future__ import annotations

@@ -329,30 +329,59 @@ SPIKE_REGIONS = pa.schema(
     ]
 )
 
-# What the detector ranks highest at the last checkpoint, spike or not (the contexts with the
-# smallest p-values among departures of at least the spikes' minimum effect): the rows
-# chapter 05 shows and links to the viewer, kept so that the viewer's page (07) holds them.
-SPIKE_DEPARTURES = pa.schema(
-    [
-        ("checkpoint", _str),
-        ("step", _i32),
-        ("problem_id", _str),
-        ("rollout_id", _str),
-        ("pos", _i32),
-        ("token", _str),
-        ("sign", _str),
-        ("dlogp", _f32),
-        ("divergence", _f64),
-        ("rank_ref", _i32),
-        ("rank_ckpt", _i32),
-        ("statistic", _f64),
-        ("p", _f64),
-        ("q", _f64),
-        ("significant", _bool),
-    ]
+# Every distinct (checkpoint, context, written token) with its test (``spikes.detect``):
+# the spikes and every context that is not one, what chapter 05's summaries, rates and
+# strongest departures read. Columns as in SPIKES (category: null where the token tables
+# carry none); row: the row of the suite's token tables as chapter 05 concatenates them
+# (``suite_tables.read_tokens``) that it comes from.
+SPIKE_TESTS = pa.schema(
+    [("suite", _str), ("checkpoint", _str), ("step", _i64), ("reference", _str),
+     ("group", _str), ("failure_type", _str), ("problem_id", _str), ("rollout_id", _str),
+     ("pos", _i32), ("context_id", _i64), ("token_id", _i32), ("token", _str),
+     ("char_start", _i32), ("char_end", _i32), ("category", _str), ("first_token", _bool),
+     ("logp_ref", _f32),
+     ("logp_ckpt", _f32), ("dlogp", _f32), ("kl_ref_ckpt", _f32), ("kl_ckpt_ref", _f32),
+     ("js", _f32), ("entropy_ref", _f32), ("entropy_ckpt", _f32), ("rank_ref", _i32),
+     ("rank_ckpt", _i32), ("statistic", _f64), ("p", _f64), ("z_divergence", _f64),
+     ("q", _f64), ("divergence", _f64), ("n_tests", _i64), ("null", _str),
+     ("z_written", _f64), ("n_rollouts", _i64), ("row", _i64), ("written_share", _f64),
+     ("sign", _str), ("significant", _bool)]
 )
 
-TABLES.update({"spikes": SPIKES, "spike_regions": SPIKE_REGIONS, "spike_departures": SPIKE_DEPARTURES})
+# The test's power on the suite's own tables (``spikes.plants.plant_check``): plants of
+# size d (nats) per checkpoint, how many the test found (recall) and the spikes elsewhere
+# in a planted table per run.
+SPIKE_PLANTS = pa.schema(
+    [("checkpoint", _str), ("step", _i64), ("null", _str), ("d", _f64), ("plants", _i64),
+     ("found", _i64), ("recall", _f64), ("other_per_run", _f64)]
+)
+
+# The same plants ranked among the checkpoint's real contexts (``plants.plant_ranks``):
+# the share of real contexts with a larger p-value, the plants' median p, and the bar of
+# BH's first step, q / m.
+SPIKE_PLANT_RANKS = pa.schema(
+    [("checkpoint", _str), ("step", _i64), ("null", _str), ("d", _f64), ("plants", _i64),
+     ("ranked_above", _f64), ("median_p", _f64), ("bar (q / m)", _f64)]
+)
+
+# One p-value per tested context of each calibration check (a real table, a simulated null
+# table, a real table's halves tested against each other), by ``label``.
+SPIKE_CALIBRATION = pa.schema([("label", _str), ("p", _f64)])
+
+# Per ground-truth label and token category (``scheme``, ``category``) and step, the mean
+# departure of the written tokens (Δlogp against the reference, or against the placebo at
+# the step: ``against``) with its interval over problems (``spikes.onsets``).
+SPIKE_LABEL_DEPARTURES = pa.schema(
+    [("scheme", _str), ("category", _str), ("step", _i64), ("against", _str), *_INTERVAL,
+     ("problems", _i64), ("rows", _i64)]
+)
+
+TABLES.update({"spikes": SPIKES, "spike_regions": SPIKE_REGIONS, "spike_tests": SPIKE_TESTS,
+               "spike_plants": SPIKE_PLANTS, "spike_plant_ranks": SPIKE_PLANT_RANKS,
+               "spike_calibration": SPIKE_CALIBRATION,
+               "spike_label_departures": SPIKE_LABEL_DEPARTURES,
+               # the placebo run's own departures from the reference, by label and step
+               "spike_placebo_departures": SPIKE_LABEL_DEPARTURES})
 
 # --- Chapter 08, counterfactuals ---------------------------------------------------------
 # One row per context a policy model continued: a rollout cut at response token `pos`,

@@ -404,8 +404,12 @@ class ShardedTable:
         return not self.work.exists() and is_complete(self.folder) \
             and read_json(self.folder / MANIFEST).get("key_sha") == self.key_sha()
 
+    def parts(self) -> dict[str, Path]:
+        """shard key -> part file of every finished shard (in the table or its run)."""
+        return parts_on_disk(self.folder if self._complete() else self.work)
+
     def done(self) -> set[str]:
-        return set(parts_on_disk(self.folder if self._complete() else self.work))
+        return set(self.parts())
 
     def write_shard(self, key: str, df: pd.DataFrame | pa.Table) -> Path:
         return _write_part(self.work, key, df, self.schema, self.key_sha())

@@ -124,7 +124,7 @@ def test_the_viewers_page_shows_a_linked_token_or_says_how_to_open_it(tmp_path):
     from rlprobe_nb.render import page_viewer, viewer_links, viewer_targets
 
     s = synthetic.synthetic_suite(n_problems=4, rollouts_per_problem=1, n_tokens=300, seed=4)
-    linked = viewer_targets.linked_targets(s["tokens"], s["spikes"], s["spike_departures"])
+    linked = viewer_targets.linked_targets(s["tokens"], s["spikes"], s["spike_tests"])
     app = viewer.open_viewer(s["tokens"], s["spikes"], synthetic.decode, linked=linked)
     page_file = tmp_path / "07_viewer.html"
     page_file.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body><h1>07</h1>"

