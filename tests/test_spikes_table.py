@@ -154,3 +154,17 @@ def test_chapter_05_reads_back_what_it_computed(three_steps, tmp_path):
     for chart in (charts.raster_chart, charts.onset_heatmap):
         assert chart(read_spikes).to_dict() == chart(spikes).to_dict()
     assert len(back["spike_regions"]) == len(spans)
+
+
+def test_a_reader_is_shown_only_spikes_whose_written_token_visibly_moved():
+    import numpy as np
+
+    from rlprobe_nb.spikes.table import visible_change
+
+    rows = pd.DataFrame({  # written-token probabilities under the reference and checkpoint
+        "logp_ref": np.log([0.987, 0.316, 0.40, 0.50]),
+        "logp_ckpt": np.log([0.9999, 0.994, 0.42, 0.48]),
+        "rank_ref": [1, 1, 2, 1], "rank_ckpt": [1, 1, 1, 1]})
+    # near-certain and barely moved: out; a large move: in; a small move that makes the
+    # token the most likely one: in; a small move of the top token: out
+    assert visible_change(rows).tolist() == [False, True, True, False]

@@ -66,9 +66,13 @@ def say_spikes(summary: pd.DataFrame, n_shown: int, n_wanted: int) -> str:
                 "below, the strongest departures stand in, labelled as departures, not spikes.")
     per = ", ".join(f"{int(r.step)}: {int(r.spike_contexts)}" for r in summary.itertuples())
     text = f"Spike contexts per step: {per}."
+    from rlprobe_nb.spikes.table import MIN_VISIBLE_CHANGE
+
+    text += (" Shown below: the strongest at the last checkpoint whose written token visibly "
+             f"moved (its probability by at least {MIN_VISIBLE_CHANGE:g}, or it became or "
+             "stopped being the most likely token), the first response token left out.")
     if n_shown < n_wanted:
-        text += (f" The last checkpoint has {n_shown} outside the first response token, fewer "
-                 f"than the {n_wanted} asked for: all of them are shown.")
+        text += f" There are {n_shown} such spikes, fewer than the {n_wanted} asked for: all are shown."
     return text
 
 

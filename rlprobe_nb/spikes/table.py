@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
 import pandas as pd
 
 from rlprobe_nb import views
@@ -78,6 +79,20 @@ def to_schema(rows: pd.DataFrame, schema_name: str = "spikes",
     return out[schema.names].reset_index(drop=True)
 
 
+# A row shown to a reader as a spike or a departure must show a change a reader sees: the
+# written token's probability moved by at least this much, or the token became (or stopped
+# being) the most likely one. A near-certain token at 0.987 -> 1.000 can carry a large
+# divergence (the last 1.3% of the mass moved) and tells a reader nothing.
+MIN_VISIBLE_CHANGE = 0.05
+
+
+def visible_change(frame: pd.DataFrame, min_change: float = MIN_VISIBLE_CHANGE) -> pd.Series:
+    """Whether each row's written token moved visibly (``MIN_VISIBLE_CHANGE``)."""
+    moved = (np.exp(frame.logp_ckpt.astype(float)) - np.exp(frame.logp_ref.astype(float))).abs()
+    top = (frame.rank_ref == 1) != (frame.rank_ckpt == 1)
+    return (moved >= min_change) | top
+
+
 def strongest_departures(tests: pd.DataFrame, n: int = 12, step: int | None = None,
                          group: str | None = "target", min_effect: float = 0.1) -> pd.DataFrame:
     """The ``n`` contexts with the smallest p-values at ``step`` (default: the last), of
@@ -92,7 +107,7 @@ def strongest_departures(tests: pd.DataFrame, n: int = 12, step: int | None = No
         at = at[at.group == group]
     if "first_token" in at:
         at = at[~at.first_token.astype(bool)]
-    at = at[at.divergence >= min_effect]
+    at = at[(at.divergence >= min_effect) & visible_change(at)]
     at = at.sort_values(["p", "statistic"], ascending=[True, False]).drop_duplicates("context_id")
     cols = ["problem_id", "rollout_id", "pos", "token", "sign", "dlogp", "divergence",
             "rank_ref", "rank_ckpt", "statistic", "p", "q", "significant"]
@@ -100,12 +115,14 @@ def strongest_departures(tests: pd.DataFrame, n: int = 12, step: int | None = No
 
 
 def top_spikes(spikes: pd.DataFrame, n: int = 12, step: int | None = None) -> pd.DataFrame:
-    """The ``n`` strongest spikes at ``step`` (default: the last), first response tokens
-    left out (they depend on the prompt alone), with what each model wanted there."""
+    """The ``n`` strongest spikes at ``step`` (default: the last), with what each model
+    wanted there; left out: first response tokens (they depend on the prompt alone) and
+    spikes whose written token did not visibly move (``visible_change``)."""
     step = spikes.step.max() if step is None else step
     at = spikes[(spikes.step == step) & spikes.significant]
     if "first_token" in at:
         at = at[~at.first_token.astype(bool)]
+    at = at[visible_change(at)]
     at = at.sort_values(["statistic", "divergence"], ascending=False).head(n)
     cols = ["problem_id", "rollout_id", "pos", "sign", "context", "dlogp", "divergence",
             "rank_ref", "rank_ckpt", "moved_to_token", "moved_to_p_ref", "moved_to_p_ckpt",
