@@ -200,7 +200,8 @@ print(f"the reference solves {len(ref_problems)} of the {POINTS.problem_id.nuniq
 #
 # One row per (policy, context): keep and each substitute arm at every point and control,
 # and the takeover grid (`grid_points` prefix lengths) of the `n_case_studies` rollouts
-# with the most first wrong digits (the checkpoint's and the reference's). Each context
+# with the most first wrong digits (the checkpoint's and the reference's; the placebo
+# continues the main points and their controls only). Each context
 # gets `n` continuations, seeded by (rollout, k, substituted token, sample), so every
 # policy draws with the same noise; a continuation writes at most `continuation_tokens`
 # new tokens and the response limit in all, and stops at the suite's stop tokens or
@@ -211,7 +212,8 @@ print(f"the reference solves {len(ref_problems)} of the {POINTS.problem_id.nuniq
 cases = plan.case_studies(POINTS, C.case_studies)
 PLAN = plan.build(POINTS, CONTROLS, TOK, ROLLOUTS, policies, case_study_ids=cases,
                   grid_points=C.grid_points, special=special,
-                  grid_models={checkpoint, P.reference})
+                  grid_models={checkpoint, P.reference},
+                  positive_models={checkpoint, P.reference})
 cost = plan.cost(PLAN, C.n, max_new_tokens, C.continuation_tokens)
 print(f"to sample: {cost.continuations.sum():,} continuations ({cost.contexts.sum()} distinct "
       f"contexts x n = {C.n}) at T = {C.temperature}, at most "

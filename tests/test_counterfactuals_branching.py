@@ -170,3 +170,33 @@ def test_the_grid_spans_a_case_study_without_its_eos_and_policies_keep_their_pro
     assert (grid.rollout_id == case[0]).all() and (grid.arm == "prefix").all()
     assert set(built[built.model == "ref"].problem_id) <= some
     assert len(built[built.model == "ck"]) > len(built[built.model == "ref"]) > 0
+
+
+def test_the_placebo_policy_continues_the_same_points_with_the_same_draws(tok):
+    """The placebo continues exactly the RLVR checkpoint's main points and controls (not
+    the positive control's arms, not the grid), and every continuation of a context is
+    seeded by the context alone: the same draws whichever model continues it."""
+    from rlprobe_nb.counterfactuals.continuations import continuation_seed
+    from rlprobe_nb.counterfactuals.passes import _context_key, with_prefix_len
+
+    main = points.select_points(tok, NO_SPIKES, checkpoint="ck",
+                                rule=["operand", "result_first_wrong"], max_points=8)
+    positive = points.select_positive(tok, main, 16, seed=0)
+    both = plan.combine(main, positive)
+    ctl = branching.match_controls(main, tok, set(zip(both.rollout_id, both.pos)), caliper=5.0)
+    rollouts = pd.DataFrame([{"rollout_id": r, "problem_id": g.problem_id.iloc[0],
+                              "response_ids": g.sort_values("pos").token_id.tolist()}
+                             for r, g in tok.groupby("rollout_id")])
+    built = plan.build(both, ctl, tok, rollouts, {"ck": None, "placebo": None},
+                       case_study_ids=plan.case_studies(both, 1), grid_points=3,
+                       special={EOS}, grid_models={"ck"}, positive_models={"ck"})
+    key = ["kind", "rollout_id", "pos", "arm", "substituted_id"]
+    ck = built[(built.model == "ck") & (built.kind != "grid") & (built.arm != "correct")
+               & (built.rule != "positive_control")]
+    placebo = built[built.model == "placebo"]
+    assert len(placebo) and set(placebo.kind) == {"point", "control"}
+    assert set(map(tuple, placebo[key].astype(str).values)) == set(map(tuple, ck[key].astype(str).values))
+    seeds = {m: [[continuation_seed(0, *_context_key(r), s) for s in range(4)]
+                 for r in with_prefix_len(part.sort_values(key)).itertuples()]
+             for m, part in (("ck", ck), ("placebo", placebo))}
+    assert seeds["ck"] == seeds["placebo"]

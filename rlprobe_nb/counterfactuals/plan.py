@@ -79,11 +79,13 @@ def case_studies(points: pd.DataFrame, count: int) -> list[str]:
 def build(points: pd.DataFrame, controls: pd.DataFrame, tokens: pd.DataFrame,
           rollouts: pd.DataFrame, policies: dict[str, set[str] | None], *,
           case_study_ids: list[str], grid_points: int, special: set[int],
-          grid_models: set[str] | None = None) -> pd.DataFrame:
+          grid_models: set[str] | None = None,
+          positive_models: set[str] | None = None) -> pd.DataFrame:
     """The plan: every point's arms (``combine``), every control's keep and top1, and the
     grid of the case studies, for each policy model. ``policies`` maps a model to the
     problem ids it continues (None: all); ``grid_models`` are the policies that also
-    continue the case studies' grid (None: all)."""
+    continue the case studies' grid, ``positive_models`` those that also continue the
+    positive control's arms (the correct digit; None: all of them)."""
     parts = [arm_rows(points, "point", _point_arms),
              arm_rows(controls, "control", lambda r: ["top1"])]
     grid = grid_rows(rollouts, tokens, case_study_ids, grid_points, special)
@@ -91,9 +93,12 @@ def build(points: pd.DataFrame, controls: pd.DataFrame, tokens: pd.DataFrame,
     one = (pd.concat(frame, ignore_index=True) if frame else grid.iloc[:0]).reindex(columns=COLUMNS[1:])
     grid = grid.reindex(columns=COLUMNS[1:])
     out = []
+    positive_only = (one["kind"] == "point") & ((one["arm"] == "correct")
+                                                | (one["rule"] == "positive_control"))
     for model, problems in policies.items():
-        rows = one if grid_models is not None and model not in grid_models \
-            else pd.concat([one, grid], ignore_index=True)
+        rows = one if positive_models is None or model in positive_models else one[~positive_only]
+        if grid_models is None or model in grid_models:
+            rows = pd.concat([rows, grid], ignore_index=True)
         rows = rows if problems is None else rows[rows["problem_id"].isin(list(problems))]
         out.append(rows.assign(model=model))
     plan = pd.concat(out, ignore_index=True)[COLUMNS]

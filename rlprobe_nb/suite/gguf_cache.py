@@ -62,6 +62,22 @@ def metadata_eos(gguf_path: str | os.PathLike) -> tuple[int, str]:
     return token_id, str(tokens.contents(token_id))
 
 
+# Keys transformers writes into tokenizer_config.json that say how the tokenizer was read
+# (HF_HUB_OFFLINE, a local folder), not what it is: left in, two conversions of one file
+# would differ with the environment, and every table keyed on the model would go stale.
+LOAD_CONTEXT_KEYS = ("local_files_only", "is_local")
+
+
+def drop_load_context(config_file: Path) -> None:
+    """Remove ``LOAD_CONTEXT_KEYS`` from a saved tokenizer config (in place)."""
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text())
+    kept = {k: v for k, v in config.items() if k not in LOAD_CONTEXT_KEYS}
+    if kept != config:
+        config_file.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n")
+
+
 def cache_entry(gguf_path: str | os.PathLike, cache_root: str | os.PathLike) -> Path:
     return Path(cache_root) / sha256_file(gguf_path)[:16]
 
@@ -115,6 +131,7 @@ def convert_gguf(gguf_path: str | os.PathLike, cache_root: str | os.PathLike,
             model.hf_quantizer.remove_quantization_config(model)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        drop_load_context(tmp / "tokenizer_config.json")
         import transformers
 
         record = {
