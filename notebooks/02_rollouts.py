@@ -156,7 +156,8 @@ BY.groupby("failure_type")["n_tokens"].describe()[["count", "mean", "min", "max"
 FINISHED = BY[BY["failure_type"].isin(["boxed_wrong", "empty_box", "no_box"])]
 if len(FINISHED):
     r = FINISHED.iloc[0]
-    print(r["rollout_id"], "|", r["failure_type"], "| extracted:", r["extracted"])
+    answer = r["extracted"] if isinstance(r["extracted"], str) else "(none: the grader found no answer)"
+    print(r["rollout_id"], "|", r["failure_type"], "| extracted:", answer)
     print(r["response"][:800])
 
 # %% [markdown]

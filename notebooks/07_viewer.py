@@ -27,13 +27,17 @@
 # click one (or step through the spikes with n / p) to see it across steps with both
 # models' top-k; search the text to outline every match. A link from chapters 05 and 06
 # opens the viewer at its rollout and token (the parameters `rollout_id` and `token`).
+# In a page exported without a kernel, the viewer holds the rollout it opens on and every
+# rollout those chapters link to, at every step: hover, click, search, the steps and "next
+# spike" work there too; the other rollouts, metrics, scales and filters, and the comparison
+# of two checkpoints (shown below for the opening rollout), need the live viewer.
 
 # %%
 from typing import Optional
 
 from IPython.display import HTML
 
-from rlprobe_nb.render import viewer, viewer_targets
+from rlprobe_nb.render import viewer, viewer_links, viewer_targets
 from rlprobe_nb.suite import models, params
 from rlprobe_nb.tables import lineage, suite_tables
 
@@ -51,11 +55,13 @@ P = params.load(suite)
 TOKENS = suite_tables.read_tokens(P)
 tokens = TOKENS[TOKENS.reference == P.reference]
 SPIKES = lineage.read_derived(P, "spikes")
+TESTS = lineage.read_derived(P, "spike_tests")
 rollouts, _ = lineage.read_current(P, "rollouts")
 texts = dict(zip(rollouts.rollout_id, rollouts.response))
 tokenizer = models.load_tokenizer(P.reference, P)
 decode = lambda token_id: tokenizer.decode([token_id])  # noqa: E731
 start = rollout_id or viewer.default_rollout(tokens, SPIKES)
+linked = viewer_targets.linked_targets(tokens, SPIKES, TESTS)  # what 05's and 06's pages link to
 print(f"suite {P.suite!r}: {tokens.rollout_id.nunique()} rollouts at {tokens.checkpoint.nunique()} checkpoints; "
       f"opening {start!r}" + (f" at token {token}" if token is not None else ""))
 
@@ -63,12 +69,13 @@ print(f"suite {P.suite!r}: {tokens.rollout_id.nunique()} rollouts at {tokens.che
 # ## The viewer
 #
 # It opens on the rollout with the most spikes at the final checkpoint (or the one named in
-# the parameters). In a page exported without a kernel, this output shows that rollout's
-# static rendering instead of the controls.
+# the parameters). In a page exported without a kernel, this output is the viewer for a
+# page: the opening rollout and every rollout other chapters link to, at every step,
+# coloured by the opening metric.
 
 # %%
 app = viewer.open_viewer(tokens, SPIKES, decode, texts, metric=metric, quantile=scale_quantile, q=q,
-                         rollout_id=start, token=token)
+                         rollout_id=start, token=token, linked=linked)
 app
 
 # %% [markdown]
@@ -83,10 +90,9 @@ HTML(app.static_html([P.checkpoints[0], P.checkpoints[-1]]))
 # %% [markdown]
 # ## The tokens other chapters link to
 #
-# In an exported page, a link from chapter 05 or 06 lands here: each token those pages
-# link to, in its response at the final checkpoint (ringed), then its values over steps
-# and both models' top-k at every step. In JupyterLab the same links open the live viewer
-# above at that token.
+# Each token chapters 05 and 06 link to, and why; each link opens the viewer above at that
+# token (in JupyterLab the live viewer, in the exported page the page's viewer, which holds
+# all of them).
 
 # %%
-HTML(viewer_targets.targets_html(app, viewer_targets.linked_targets(tokens, SPIKES)))
+viewer_links.with_links(linked)

@@ -25,7 +25,9 @@ would fetch from a CDN (require.js, MathJax, mermaid, the widget manager). Formu
 therefore show as their LaTeX source (nbconvert has no server-side math renderer, and
 MathJax itself cannot load offline); a widget view, which only the widget manager could
 draw, shows its static fallback or a note. Charts shown through ``views.show`` stay
-interactive, the Vega scripts inlined once a page (``pages.charts``). Input cells are
+interactive. What every page would otherwise carry is one file beside the pages: the Vega
+scripts that draw the charts (``pages.charts``) and JupyterLab's styles
+(``pages.page_styles``), read from the same folder with no network. Input cells are
 hidden by cell tags, with a "show code" switch (``pages.code_cells``); every page links to
 the suite's index and to its previous and next pages, and the index (``index.html``, written
 after every run) lists the chapters with their headline numbers read from the tables
@@ -49,7 +51,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from rlprobe_nb import distributed
-from rlprobe_nb.pages import navigation
+from rlprobe_nb.pages import navigation, page_styles
 from rlprobe_nb.suite import params, paths
 from rlprobe_nb.tables.atomic import FILE_MODE
 from rlprobe_nb.tables.storage import MANIFEST
@@ -105,8 +107,9 @@ STATIC_MIMETYPES = ("text/html", "image/svg+xml", "image/png", "image/jpeg", "te
 WIDGET_NOTE = "[interactive widget: run this notebook in JupyterLab to use it]"
 
 # nbconvert's lab template (the default) minus every script it loads from a CDN, plus what
-# the book adds (``resources["rp"]``: head, top and bottom): the charts' inlined scripts, the
-# styles that hide input cells, the navigation bars.
+# the book adds (``resources["rp"]``: head, top and bottom): the charts' scripts, the
+# styles that hide input cells, the navigation bars; JupyterLab's styles marked, to be moved
+# to their file beside the pages (``pages.page_styles``).
 OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block html_head_js -%}{%- endblock html_head_js -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
@@ -115,7 +118,7 @@ OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block extra_css -%}{{ super() }}{{ resources.get('rp', {}).get('head', '') }}{%- endblock extra_css -%}
 {%- block body_header -%}{{ super() }}{{ resources.get('rp', {}).get('top', '') }}{%- endblock body_header -%}
 {%- block body_footer -%}{{ resources.get('rp', {}).get('bottom', '') }}{{ super() }}{%- endblock body_footer -%}
-"""
+""" + page_styles.TEMPLATE_BLOCK
 
 
 class NotebookFailed(RuntimeError):
@@ -156,11 +159,12 @@ def offline_exporter():
 
 
 class _NetworkReferences(HTMLParser):
-    """Collects what a page would fetch: src/href URLs, URLs in script code, CSS imports.
-    The Vega scripts the book inlines (marked ``data-rp-bundle``) name a few URLs in their
-    code (schema ids, the Vega editor's address for an action the book turns off) that they
-    never fetch: their code is not searched (the browser tests load such pages with the
-    network cut off and check that no request was made)."""
+    """Collects what a page would fetch: absolute src/href URLs, URLs in script code, CSS
+    imports. The chart scripts (marked ``data-rp-bundle``) are a file beside the page, named
+    by a relative ``src``: a local read. Their code names a few URLs (schema ids, the Vega
+    editor's address for an action the book turns off) that it never fetches, so it would
+    not be searched even inline (the browser tests load the pages with the network cut off
+    and check that no request was made)."""
 
     FETCHED = re.compile(r"(?:https?:)?//", re.I)  # an absolute or protocol-relative URL
     IN_CODE = re.compile(r"""https?://[^\s"'`<>)]+""", re.I)
@@ -175,8 +179,8 @@ class _NetworkReferences(HTMLParser):
         for name, value in attrs:
             if tag != "a" and name in ("src", "href") and value and self.FETCHED.match(value.strip()):
                 self.found.append(f"<{tag} {name}={value.strip()}>")  # <a href> is followed, not fetched
-        inlined = tag == "script" and any(name == "data-rp-bundle" for name, _ in attrs)
-        self._inside = tag if tag in ("script", "style") and not inlined else None
+        bundle = tag == "script" and any(name == "data-rp-bundle" for name, _ in attrs)
+        self._inside = tag if tag in ("script", "style") and not bundle else None
 
     def handle_endtag(self, tag):
         self._inside = None
@@ -197,7 +201,9 @@ def network_references(page: str) -> list[str]:
 
 
 def export_html(executed: Path, pages: list[navigation.Page] | None = None) -> tuple[Path, list[str]]:
-    """The executed notebook as a self-contained page beside it; also returns what the
+    """The executed notebook as a page beside it, self-contained but for the files every
+    page shares, written beside it too (the chart scripts, ``pages.charts``; JupyterLab's
+    styles, ``pages.page_styles``); also returns what the
     page would still load from the network (outputs' own scripts), if anything. ``pages``:
     the suite's pages in order, for the previous / next links (none without it)."""
     import nbformat
@@ -211,15 +217,17 @@ def export_html(executed: Path, pages: list[navigation.Page] | None = None) -> t
         for output in cell.get("outputs", []):
             if "text/html" in output.get("data", {}):
                 output["data"]["text/html"] = viewer_links.for_exported_page(output["data"]["text/html"])
-    n_charts = charts.embed_charts(nb)
+    n_charts = charts.embed_charts(nb, executed.parent)
     code_cells.tag_inputs(nb)
     stem = executed.stem
     listed = pages is not None and stem in [p.stem for p in pages]
     top = navigation.nav_html(pages, stem, code_cells.toggle_html()) if listed else \
         f'<nav class="rp-nav">{code_cells.toggle_html()}</nav>'
-    resources = {"rp": {"head": navigation.NAV_CSS + code_cells.CSS + charts.page_head(n_charts), "top": top,
+    head = navigation.NAV_CSS + code_cells.CSS + charts.page_head(n_charts, executed.parent)
+    resources = {"rp": {"head": head, "top": top,
                         "bottom": navigation.nav_html(pages, stem, bottom=True) if listed else ""}}
     body, _ = offline_exporter().from_notebook_node(nb, resources=resources)
+    body = page_styles.share(body, executed.parent)
     return atomic_write_text(executed.with_suffix(".html"), body), network_references(body)
 
 

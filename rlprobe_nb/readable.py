@@ -100,6 +100,7 @@ def frame_html(df, html_columns: tuple = ()) -> str:
 
     import pandas as pd
 
+    df = _without_nullable_na(df)
     text = [c for c in df.columns if c not in html_columns and not pd.api.types.is_numeric_dtype(df[c])]
     formatters = {c: visible for c in text if is_token_column(c)}
     if html_columns:  # pandas escapes all or nothing: escape the others here
@@ -122,15 +123,22 @@ def frame_text(df) -> str:
                 else visible if is_token_column(column) else str)
         return lambda v: "–" if _missing(v) else show(v)
 
-    # nullable (extension) columns print <NA> whatever na_rep says: show them as objects
-    nullable = [c for c in df.columns if isinstance(df[c].dtype, pd.api.extensions.ExtensionDtype)
-                and df[c].isna().any()]
     formatters = {c: cell(c) for c in df.columns}
-    if nullable:
-        df = df.assign(**{c: [None if _missing(v) else v for v in df[c]] for c in nullable})
-    return df.to_string(formatters=formatters, na_rep="–",
+    return _without_nullable_na(df).to_string(formatters=formatters, na_rep="–",
                         max_rows=pd.get_option("display.max_rows"),
                         max_cols=pd.get_option("display.max_columns"))
+
+
+def _without_nullable_na(df):
+    """``df`` with its nullable (extension) columns that hold a missing value as objects:
+    pandas prints <NA> in those whatever ``na_rep`` says."""
+    import pandas as pd
+
+    nullable = [c for c in df.columns if isinstance(df[c].dtype, pd.api.extensions.ExtensionDtype)
+                and df[c].isna().any()]
+    if not nullable:
+        return df
+    return df.assign(**{c: [None if _missing(v) else v for v in df[c]] for c in nullable})
 
 
 def _missing(value) -> bool:

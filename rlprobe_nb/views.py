@@ -5,9 +5,10 @@ drawn by ``rlprobe_nb.render``).
 Charts (``show``) are interactive in JupyterLab and in the exported pages, offline: each is
 displayed as a Vega-Lite spec (JupyterLab draws it with its own built-in renderer, with
 tooltips and, where both axes are continuous, zoom and pan) beside a static SVG; the book's
-exporter embeds the spec in the page with the Vega scripts inlined once per page
-(``pages.charts``), the SVG showing until they run. The SVG and a PNG are also saved for
-papers.
+exporter embeds the spec in the page, drawn by the Vega scripts beside the pages
+(``pages.charts``), the static SVG showing until they run. Every mark but a text label
+answers a hover with its named values to four significant digits (``readable_tooltips``).
+The SVG and a PNG are also saved for papers.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def trace_chart(tokens: pd.DataFrame, rollout_id: str, metric: str = "kl_ref_ckp
 VEGALITE_MIMETYPE = "application/vnd.vegalite.v5+json"
 LAB_SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
 CONTINUOUS = {"quantitative", "temporal"}
+SAVED_KEY = "rlprobe_svg"  # in a displayed spec's usermeta: the chart's saved SVG file name
 # Widest a chart may be: it fits a 1280-px window beside JupyterLab's collapsed side bar or a
 # page's margins (a wider one is cut off in a page and scrolls in JupyterLab).
 MAX_WIDTH = 1100
@@ -132,11 +134,87 @@ def zoomable(chart):
     return chart
 
 
-class ChartView:
-    """A chart for display: Vega-Lite (interactive in JupyterLab) beside its static SVG."""
+# A hover over any mark of a chart shows a tooltip: its numbers to four significant digits
+# (d3's "r": 0.06055, 1,200, never 0.0605466100921), each under a name.
+TOOLTIP_NUMBER = ",.4~r"
+# The fields a mark's tooltip names when the chart gives none, in this order.
+TOOLTIP_CHANNELS = ("row", "column", "facet", "x", "x2", "xOffset", "y", "y2", "yOffset", "color", "size",
+                    "shape", "detail", "theta")
+# A line's or an area's own path never shows a tooltip in an SVG drawing (Vega finds the
+# datum under the pointer only on a canvas): its data points, drawn over it, do, here
+# transparent where the chart draws no points.
+HOVER_POINTS = {"filled": True, "opacity": 0, "size": 80}
+# Names for the interval bounds, which have no axis title of their own (y2 of a rule).
+BOUND_NAMES = {"low": "95% interval, low", "high": "95% interval, high"}
 
-    def __init__(self, spec: dict, svg: str, title: str = ""):
-        self.spec, self.svg, self.title = spec, svg, title
+
+def _field_title(channel_def: dict) -> str:
+    title = channel_def.get("title")
+    if isinstance(title, list):
+        title = " ".join(str(t) for t in title)
+    if title:
+        return str(title)
+    field = str(channel_def["field"])
+    return BOUND_NAMES.get(field, field)
+
+
+def _readable_entry(entry: dict) -> dict:
+    """A tooltip entry with a number format (four significant digits) if it is quantitative."""
+    if entry.get("type") == "quantitative" and "format" not in entry and "aggregate" not in entry:
+        return {**entry, "format": TOOLTIP_NUMBER}
+    return entry
+
+
+def _default_tooltip(encoding: dict, facets: list[dict]) -> list[dict]:
+    """The fields a mark is drawn from (and its facets'), each named, as its tooltip."""
+    out, seen = [], set()
+    for channel, d in [("facet", f) for f in facets] + [(c, encoding.get(c)) for c in TOOLTIP_CHANNELS]:
+        if isinstance(d, dict) and "field" in d and d["field"] not in seen:
+            seen.add(d["field"])
+            # x2 and y2 have no type of their own: they take x's and y's
+            kind = d.get("type") or encoding.get(channel[0], {}).get("type", "nominal")
+            out.append(_readable_entry({"field": d["field"], "type": kind, "title": _field_title(d)}))
+    return out
+
+
+def _facet_fields(spec: dict) -> list[dict]:
+    """The facet fields a faceted spec splits its panels by (row, column or facet)."""
+    found = spec.get("facet", {})
+    return [found] if "field" in found else [v for v in found.values() if isinstance(v, dict)]
+
+
+def readable_tooltips(spec: dict, inherited: dict | None = None, facets: list | None = None) -> dict:
+    """``spec`` (a Vega-Lite dict, changed in place and returned) with a tooltip on every
+    mark but text: the chart's own, its numbers given four significant digits where it set
+    no format, or else one naming the fields the mark is drawn from (and the panel's facet);
+    lines and areas get points to hover (``HOVER_POINTS``). Text marks are labels or
+    sentences: they get a tooltip only where the chart gives one."""
+    own = spec.get("encoding", {})
+    encoding, facets = {**(inherited or {}), **own}, list(facets or []) + _facet_fields(spec)
+    if "tooltip" in own:
+        tips = own["tooltip"] if isinstance(own["tooltip"], list) else [own["tooltip"]]
+        own["tooltip"] = [_readable_entry(t) if isinstance(t, dict) else t for t in tips]
+    parts = [(p, {}) for key in ("hconcat", "vconcat", "concat") for p in spec.get(key, [])]
+    parts += [(spec["spec"], {})] if "spec" in spec else []
+    parts += [(p, encoding) for p in spec.get("layer", [])]
+    for part, passed_down in parts:
+        readable_tooltips(part, passed_down, facets)
+    mark = spec.get("mark")
+    kind = mark.get("type") if isinstance(mark, dict) else mark
+    if kind is not None and kind != "text" and "tooltip" not in encoding:
+        spec.setdefault("encoding", {})["tooltip"] = _default_tooltip(encoding, facets)
+    if kind in ("line", "area") and not (isinstance(mark, dict) and mark.get("point")):
+        spec["mark"] = {**(mark if isinstance(mark, dict) else {"type": kind}), "point": HOVER_POINTS}
+    return spec
+
+
+class ChartView:
+    """A chart for display: Vega-Lite (interactive in JupyterLab) beside its static SVG;
+    ``saved``: the name of its SVG file, when saved (an exported page beside that file shows
+    it as its static form instead of carrying the SVG again)."""
+
+    def __init__(self, spec: dict, svg: str, title: str = "", saved: str | None = None):
+        self.spec, self.svg, self.title, self.saved = spec, svg, title, saved
 
     @property
     def data(self) -> str:
@@ -155,6 +233,8 @@ class ChartView:
         # needs the network (the Vega editor)
         embed = {"renderer": "svg", "actions": {"export": True, "source": True, "compiled": False, "editor": False}}
         usermeta = {**self.spec.get("usermeta", {}), "embedOptions": embed}
+        if self.saved:
+            usermeta[SAVED_KEY] = self.saved
         lab = {**self.spec, "$schema": LAB_SCHEMA, "usermeta": usermeta}
         return {VEGALITE_MIMETYPE: lab, "image/svg+xml": self.svg,
                 "text/plain": f"<chart{': ' + self.title if self.title else ''}>"}
@@ -184,5 +264,5 @@ def show(chart, save_as: str | Path | None = None) -> ChartView:
             tmp.write_text(svg, encoding="utf-8")
         with atomic_path(base.with_suffix(".png")) as tmp:
             tmp.write_bytes(vlc.vegalite_to_png(spec_json, scale=2))
-    spec = zoomable(chart).to_dict()
-    return ChartView(spec, svg, _title(spec))
+    spec = readable_tooltips(zoomable(chart).to_dict())
+    return ChartView(spec, svg, _title(spec), Path(save_as).with_suffix(".svg").name if save_as else None)

@@ -14,6 +14,7 @@ import pytest
 from rlprobe_nb import book
 from rlprobe_nb.pages import navigation
 from rlprobe_nb.readable import number
+from rlprobe_nb.render import viewer_links
 from rlprobe_nb.suite import params, paths
 from rlprobe_nb.tables import storage
 
@@ -134,10 +135,18 @@ def test_every_page_links_to_its_neighbours(small_book, monkeypatch):
     assert {"rel": "next", "href": f"{pages[0].stem}.html"} in index
 
 
+def viewer_page_data(figures) -> dict:
+    """The numbers the viewer's page holds (``render.page_viewer``)."""
+    page = (figures / "07_viewer.html").read_text(encoding="utf-8")
+    found = re.search(r"<script[^>]*class=.rp-viewer-data.[^>]*>(.*?)</script>", page, re.S)
+    assert found, "the viewer's page holds its viewer's data"
+    return json.loads(found.group(1))
+
+
 @pytest.mark.slow
 def test_links_from_05_and_06_point_at_the_viewers_page_which_holds_them(small_book):
     figures = small_book["figures"]
-    viewer = (figures / "07_viewer.html").read_text(encoding="utf-8")
+    held = {r["id"]: set(r["pos"]) for r in viewer_page_data(figures)["rollouts"]}
     for chapter in ("05_spikes", "06_case_studies"):
         found = [a for a in links((figures / f"{chapter}.html").read_text(encoding="utf-8"))
                  if "rp-open" in (a.get("class") or "")]
@@ -145,9 +154,26 @@ def test_links_from_05_and_06_point_at_the_viewers_page_which_holds_them(small_b
         for a in found:
             page, _, frag = a["href"].partition("#")
             assert page == "07_viewer.html" and frag.startswith("open="), a
-            if chapter == "06_case_studies":  # 05's departures (no table) land on the page's note
-                assert f'id="{frag}"' in viewer, frag
-    assert 'id="rp-target-missing"' in viewer
+            rollout, pos = viewer_links.parse_fragment(frag)
+            assert pos in held.get(rollout, ()), f"{chapter} links to {rollout}:{pos}, which 07's page lacks"
+
+
+@pytest.mark.slow
+def test_pages_share_their_scripts_and_styles_and_stay_small(small_book):
+    """Every page once carried the Vega scripts (0.9 MB) and JupyterLab's styles (0.26 MB)."""
+    figures = small_book["figures"]
+    pages = sorted(figures.glob("*.html"))
+    shared = sorted(figures.glob("vega-*.js")) + sorted(figures.glob("lab-*.css"))
+    assert [p.suffix for p in shared] == [".js", ".css"], "one file each"
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        assert "vegaEmbed=" not in html.replace(" ", "") and "--jp-layout-color0:" not in html, page.name
+        if 'class="rp-vega"' in html:
+            assert f'src="{shared[0].name}"' in html, page.name
+        assert f'href="{shared[1].name}"' in html or page.name == "index.html", page.name
+    total = sum(p.stat().st_size for p in pages + shared)
+    print(f"{len(pages)} pages and {len(shared)} shared files: {total / 1e6:.2f} MB")
+    assert total <= 8e6
 
 
 def test_the_index_page_tags_every_number_and_says_what_is_missing(tmp_path):
@@ -187,3 +213,37 @@ def test_the_checkpoint_option_keeps_only_those_runs_of_03(monkeypatch, capsys):
     assert book.main(["--only", "03", "--checkpoint", "rlvr_step_1300"]) == 2
     said = capsys.readouterr().err
     assert "rlvr_step_1300" in said and "rlvr_step_1200" in said, "names the valid checkpoints"
+
+
+def test_the_lab_styles_move_to_one_file_beside_the_pages(tmp_path):
+    from rlprobe_nb.pages import page_styles
+
+    def page(body: str) -> str:
+        return (f"<html><head><style>.mine{{}}</style>{page_styles.START}<style type='text/css'>\n"
+                f"  .jp-Cell{{color:red}}\n</style><style>a{{b:c}}</style>{page_styles.END}</head>"
+                f"<body>{body}</body></html>")
+
+    first, second = page_styles.share(page("one"), tmp_path), page_styles.share(page("two"), tmp_path)
+    files = list(tmp_path.glob("lab-*.css"))
+    assert len(files) == 1 and files[0].read_text() == ".jp-Cell{color:red}\na{b:c}\n", "one file, written once"
+    assert first == f'<html><head><style>.mine{{}}</style><link rel="stylesheet" href="{files[0].name}"></head>' \
+                    "<body>one</body></html>" and "two" in second
+    with pytest.raises(ValueError, match="no marked styles"):
+        page_styles.share("<html></html>", tmp_path)
+
+
+def test_a_chart_saved_beside_its_page_shows_that_file_until_drawn(tmp_path):
+    import altair as alt
+    import pandas as pd
+
+    from rlprobe_nb import views
+    from rlprobe_nb.pages import charts
+
+    chart = alt.Chart(pd.DataFrame({"x": [1, 2], "y": [3, 4]}), title="a chart").mark_point().encode(x="x", y="y")
+    shown = views.show(chart, save_as=tmp_path / "01_points")
+    spec = shown._repr_mimebundle_()[views.VEGALITE_MIMETYPE]
+    beside = charts.chart_html(spec, shown.svg, tmp_path)
+    assert '<img class="rp-vega-static" loading="lazy" src="01_points.svg" alt="a chart">' in beside
+    assert "<svg" not in beside, "the SVG not carried twice"
+    elsewhere = charts.chart_html(spec, shown.svg, tmp_path / "another")
+    assert '<div class="rp-vega-static"><svg' in elsewhere, "no file beside the page: the SVG inline"

@@ -12,3 +12,15 @@ def test_plain_text_of_a_frame_shows_no_nan_and_marks_whitespace():
     text = readable.frame_text(df)
     assert "NaN" not in text and "<NA>" not in text and "None" not in text
     assert "␣4⏎" in text and "0.1235" in text and text.count("–") == 4
+
+
+def test_html_of_a_frame_shows_no_missing_value_as_nan_or_na():
+    """A nullable column (an onset step that has none) once printed <NA> in 05's and 08's pages."""
+    import numpy as np
+    import pandas as pd
+
+    df = pd.DataFrame({"onset_step": pd.array([200, None], dtype="Int64"), "f": [0.123456, np.nan],
+                       "s": pd.array(["x", None], dtype="string")})
+    html = readable.frame_html(df)
+    assert "<NA>" not in html and "&lt;NA&gt;" not in html and "NaN" not in html
+    assert "200" in html and "0.1235" in html and html.count("–") == 3

@@ -138,8 +138,9 @@ def test_metric_and_scale_controls(app, suite):
 
 def test_selecting_a_token_shows_its_series_and_topk_over_steps(app, suite):
     rid = app.rollout.value
+    assert app.token.value == "" and app.selected is None, "no sentinel: an empty field"
     app.pane.selected = 7  # a click in the browser
-    assert app.token.value == 7
+    assert app.token.value == "7" and app.selected == 7
     assert [s["data-pos"] for s in spans(app.render_html()) if "rp-sel" in s["class"]] == ["7"]
     details = app.pane.details
     assert "<svg" in details and "data-pos='7'" in details
@@ -149,8 +150,12 @@ def test_selecting_a_token_shows_its_series_and_topk_over_steps(app, suite):
         assert f"<td>step {row.step}</td><td>{row.dlogp:+.4f}</td>" in details
         top = synthetic.decode(int(row.topk_ids_ckpt[0]))
         assert f"{row.topk_p_ckpt[0]:.3f}" in details and html.escape(tokens_html.show_token(top)) in details
+    app.token.value = "9"  # typed
+    assert app.selected == 9 and "data-pos='9'" in app.pane.details
+    app.token.value = "nine"
+    assert app.token.value == "9" and app.selected == 9, "not a position: the field shows the selection"
     app.rollout.value = [r for _, r in app.rollout.options if r != rid][0]
-    assert app.token.value == -1 and app.pane.selected == -1 and app.pane.details == "", \
+    assert app.token.value == "" and app.selected is None and app.pane.details == "", \
         "a new response starts unselected"
 
 
@@ -177,19 +182,19 @@ def test_next_spike_and_the_q_and_category_filters(app, suite):
     assert outlined(app) == set(mine[mine.category == cat].pos)
     dimmed = [t["dim"] for t in unpack_layer(app.pane.layers[0])]
     assert sum(dimmed) == len(dimmed) - (mine.category == cat).sum()
-    app.token.value = -1
+    app.select(None)
     assert app.jump_to_next_spike() == mine[mine.category == cat].pos.iloc[0]
 
 
 def test_group_filter_and_compare_mode_show_only_their_controls(app, suite):
-    assert app.compare_a.layout.display == "none" or app._compare_row.layout.display == "none"
+    assert app.compare_a.layout.display == "none" or app.compare_row.layout.display == "none"
     app.group.value = "ref_right"
     ids = [rid for _, rid in app.rollout.options]
     r = suite["rollouts"]
     assert set(ids) <= set(r[~r.rollout_id.str.endswith("#0")].rollout_id)
     assert all(rid.endswith("#1") for rid in ids)
     app.mode.value = "compare"
-    assert app._compare_row.layout.display is None and app.step.layout.display == "none"
+    assert app.compare_row.layout.display is None and app.step.layout.display == "none"
     app.compare_a.value, app.compare_b.value = "rlvr_step_100", "rlvr_step_1200"
     assert [l["key"] for l in app.pane.layers] == ["rlvr_step_100", "rlvr_step_1200"]
     assert app.pane.layers[0]["label"].startswith("step 100 · rlvr_step_100")
@@ -209,7 +214,7 @@ def test_a_link_target_opens_a_rollout_at_a_token(app, suite):
     target = [rid for _, rid in app.rollout.options][-1]
     app.group.value = "ref_right" if not target.endswith("#1") else "target"
     app._on_pane_message(app.pane, {"type": "open", "rollout": target, "pos": 11, "checkpoint": "rlvr_step_400"}, [])
-    assert (app.rollout.value, app.token.value, app.step.value) == (target, 11, "rlvr_step_400")
+    assert (app.rollout.value, app.selected, app.step.value) == (target, 11, "rlvr_step_400")
     assert app.pane.rollout == target and "data-pos='11'" in app.pane.details
     texts = dict(zip(suite["rollouts"].rollout_id, suite["rollouts"].response))
     opened = V.open_viewer(suite["tokens"], suite["spikes"], synthetic.decode, texts, rollout_id=target, token=5)
@@ -218,13 +223,46 @@ def test_a_link_target_opens_a_rollout_at_a_token(app, suite):
         opened.open("nowhere#0")
 
 
-def test_static_fallback_for_pages_without_a_kernel(app):
-    app.token.value = 3
+def test_next_spike_says_when_a_step_has_none_and_offers_the_nearest_that_has():
+    suite = synthetic.synthetic_suite(n_problems=3, rollouts_per_problem=2, n_tokens=40, seed=4)
+    app = V.open_viewer(suite["tokens"], suite["spikes"], synthetic.decode)
+    sp = suite["spikes"]
+    at = sp[sp.significant].groupby("rollout_id").checkpoint.nunique()
+    rid = at[at < len(app.checkpoints)].index[0]  # a rollout whose spikes begin after the first step
+    mine = sp[(sp.rollout_id == rid) & sp.significant]
+    without = [ck for ck in app.checkpoints if ck not in set(mine.checkpoint)]
+    app.open(rid, checkpoint=without[0])
+    assert app.jump_to_next_spike() is None and app.selected is None
+    nearest = min((ck for ck in app.checkpoints if ck in set(mine.checkpoint)),
+                  key=lambda ck: abs(app.checkpoints.index(ck) - app.checkpoints.index(without[0])))
+    assert f"no spike is outlined at step {app.steps[without[0]]}" in app.spike_note.value
+    assert f"nearest step with one in this rollout is {app.steps[nearest]}" in app.spike_note.value
+    assert app.nearest_step.layout.display is None and app.nearest_step.description == f"go to step {app.steps[nearest]} ▶"
+    assert app.next_spike.layout.display is None and app.q.layout.display is None, "the spike controls stay"
+    app.nearest_step.click()
+    assert app.step.value == nearest and app.selected in set(mine[mine.checkpoint == nearest].pos)
+    assert app.spike_note.value == "" and app.nearest_step.layout.display == "none"
+    assert app.next_spike.layout.display is None and app.compare_a.layout.display is None, \
+        "hiding the offer hides nothing else (a Layout each)"
+    elsewhere = V.open_viewer(suite["tokens"], sp[sp.rollout_id != rid], synthetic.decode, rollout_id=rid)
+    assert elsewhere.jump_to_next_spike() is None and "nor at any other step" in elsewhere.spike_note.value
+    assert elsewhere.nearest_step.layout.display == "none"
+
+
+def test_static_fallback_for_pages_without_a_kernel(app, suite):
+    import json
+
+    app.select(3)
     bundle = app._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     page = bundle["text/html"]
-    assert page.count('class="rp-tok') == 40 and "window.rlprobeRuntime" in page, "tooltips by the page runtime"
-    assert "rp-token-details" in page, "the selected token's series and top-k"
+    assert "window.rlprobeRuntime" in page and "window.rlprobePane" in page, "the live viewer's pane, in a page"
+    data = json.loads(re.search(r"class='rp-viewer-data'>(.*?)</script>", page).group(1))
+    assert data["opening"] == {"rollout": app.rollout.value, "pos": 3}
+    held = data["rollouts"][0]
+    assert held["id"] == app.rollout.value and held["texts"] == app.pane.texts and "".join(held["texts"])
+    assert [s["key"] for s in held["steps"]] == app.checkpoints, "every step"
+    assert held["steps"][-1]["layer"]["bg"] == app.pane.layers[0]["bg"], "the live pane's colours"
 
 
 def test_draft_notebook_07_on_synthetic_tables(tmp_path, monkeypatch):

@@ -57,13 +57,28 @@ def _steps_x(steps, title=STEP_AXIS):
     return alt.X("step:Q", title=title, scale=alt.Scale(domain=domain, nice=False))
 
 
+def has_intervals(data: pd.DataFrame, low: str = "low", high: str = "high") -> bool:
+    """Whether any row has an interval to draw (``shown`` blanks those from too few
+    problems): a chart draws no rule from bounds that are all blank."""
+    if not len(data):
+        return False
+    bounds = data[[low, high]].apply(pd.to_numeric, errors="coerce").to_numpy(np.float64)
+    return bool(np.isfinite(bounds).all(axis=1).any())
+
+
+def intervals_said(data: pd.DataFrame, drawn: str = "95% intervals over problems") -> str:
+    """What a title says of the intervals: drawn, or why there are none."""
+    return f"({drawn})" if has_intervals(data) else f"(no interval drawn: each estimate from {FEW})"
+
+
 def _estimate_with_interval(data: pd.DataFrame, x, y_title, colour=None, y="estimate"):
-    """Points, a line and the 95% interval as a vertical rule."""
+    """Points, a line and the 95% interval as a vertical rule (no rule where no row has
+    an interval)."""
     base = alt.Chart(data).encode(x=x)
     enc = {"color": colour} if colour is not None else {}
     line = base.mark_line(point=True).encode(y=alt.Y(f"{y}:Q", title=y_title), **enc)
-    rule = base.mark_rule().encode(y="low:Q", y2="high:Q", **enc)
-    return alt.layer(rule, line)
+    rules = [base.mark_rule().encode(y="low:Q", y2="high:Q", **enc)] if has_intervals(data) else []
+    return alt.layer(*rules, line)
 
 
 def when_chart(when: pd.DataFrame, per_problem: pd.DataFrame, group: str = "target",
@@ -94,7 +109,7 @@ def when_chart(when: pd.DataFrame, per_problem: pd.DataFrame, group: str = "targ
                                                                   "high"])
         rows.append(acc.properties(width=WIDTH, height=110, title="Accuracy"))
     return alt.vconcat(*rows).properties(
-        title=f"Mean per token, group {group!r} (95% intervals over problems)")
+        title=f"Mean per token, group {group!r} {intervals_said(shown(when[when.group == group]))}")
 
 
 def _labels_over_steps(ground_truth: pd.DataFrame, group: str, x,
@@ -112,8 +127,8 @@ def _labels_over_steps(ground_truth: pd.DataFrame, group: str, x,
         y=alt.Y("estimate:Q", title=LABELS["dlogp"]),
         opacity=alt.condition("datum.enough", alt.value(1.0), alt.value(0.3)),
         tooltip=["category", "step", "interval", "problems", "rows"])
-    rule = base.mark_rule().encode(y="low:Q", y2="high:Q")
-    return alt.layer(rule, line).properties(
+    rules = [base.mark_rule().encode(y="low:Q", y2="high:Q")] if has_intervals(data) else []
+    return alt.layer(*rules, line).properties(
         width=2 * WIDTH, height=HEIGHT,
         title=["Content apart from format: mean Δlogp by ground-truth label",
                f"(faded: {FEW}, no interval drawn)"])
@@ -140,7 +155,7 @@ def tails_chart(tails: pd.DataFrame, group: str = "target"):
             [name, "(" + SHORT[part.metric.iloc[0]] + ")"]
         panels.append(_estimate_with_interval(part, _steps_x(data.step), title).properties(
             width=WIDTH - 60, height=HEIGHT, title=name))
-    return alt.hconcat(*panels).properties(title=f"Tails, group {group!r} (95% intervals)")
+    return alt.hconcat(*panels).properties(title=f"Tails, group {group!r} {intervals_said(data, '95% intervals')}")
 
 
 def position_chart(position: pd.DataFrame, group: str = "target", metric: str = "kl_ref_ckpt"):
@@ -156,11 +171,12 @@ def position_chart(position: pd.DataFrame, group: str = "target", metric: str = 
         order = part.drop_duplicates("bin").sort_values("bin_order").bin.tolist()
         x = alt.X("bin:N", sort=order, title=title or "on their own")
         base = alt.Chart(part).encode(x=x, color=colour, xOffset="step:O")
-        panels.append(alt.layer(base.mark_rule().encode(y="low:Q", y2="high:Q"),
-                                base.mark_point(filled=True).encode(
-                                    y=alt.Y("estimate:Q", title=LABELS[metric])))
+        rules = [base.mark_rule().encode(y="low:Q", y2="high:Q")] if has_intervals(part) else []
+        panels.append(alt.layer(*rules, base.mark_point(filled=True).encode(
+            y=alt.Y("estimate:Q", title=LABELS[metric])))
                       .properties(width=WIDTH if scheme != "special" else 90, height=HEIGHT))
-    return alt.hconcat(*panels).properties(title=f"Where in the response, group {group!r}")
+    return alt.hconcat(*panels).properties(
+        title=f"Where in the response, group {group!r} {intervals_said(data, '95% intervals')}")
 
 
 def category_heatmap(categories: pd.DataFrame, group: str = "target",
@@ -168,27 +184,33 @@ def category_heatmap(categories: pd.DataFrame, group: str = "target",
     """Token category x RL step, coloured by the mean Δlogp (diverging, centred at 0: red
     where the checkpoint gives the reference's tokens less probability); beside it the same
     for the ground-truth labels when given. Cells from too few problems are faded."""
-    maps = [_heatmap(categories, group, statistic, CATEGORIES, "token category")]
+    tables = [(categories, CATEGORIES, "token category")]
     if ground_truth is not None:
-        maps.append(_heatmap(ground_truth, group, statistic, GROUND_TRUTH, "ground-truth label"))
+        tables.append((ground_truth, GROUND_TRUTH, "ground-truth label"))
+    # one colour scale for both maps, ending at the larger |mean| of either
+    means = pd.concat([t[(t.group == group) & (t.statistic == statistic)].estimate for t, _, _ in tables])
+    reach = max(float(np.nanmax(np.abs(means))) if means.notna().any() else 0.0, 1e-9)
+    maps = [_heatmap(table, group, statistic, names, title, reach) for table, names, title in tables]
     return alt.hconcat(*maps).resolve_scale(color="shared").properties(
         title=[f"Mean Δlogp by kind of token, group {group!r}",
                "Δlogp = log p(ckpt) − log p(ref) of the token the reference wrote;",
                f"red: the checkpoint gives it less probability; faded: {FEW}"])
 
 
-def _heatmap(table: pd.DataFrame, group: str, statistic: str, names, title: str):
+def _heatmap(table: pd.DataFrame, group: str, statistic: str, names, title: str, reach: float):
     data = shown(table[(table.group == group) & (table.statistic == statistic)])
-    reach = float(np.nanmax(np.abs(data.estimate))) if data.estimate.notna().any() else 0.0
-    reach = max(reach, 1e-9)
     order = [c for c in reversed(names) if c in set(data.category)]
+    # the label in a cell answers a hover as the cell does (it covers the cell's centre)
     base = alt.Chart(data).encode(x=alt.X("step:O", title=STEP_AXIS),
-                                  y=alt.Y("category:N", sort=order, title=title))
+                                  y=alt.Y("category:N", sort=order, title=title),
+                                  tooltip=[alt.Tooltip("category:N", title=title),
+                                           alt.Tooltip("step:O", title="RL step"),
+                                           alt.Tooltip("interval:N", title="mean Δlogp [95% interval], nats"),
+                                           "problems", "rows"])
     cells = base.mark_rect().encode(color=alt.Color(
         "estimate:Q", title="mean Δlogp, nats",
         scale=alt.Scale(scheme="redblue", domain=[-reach, reach], domainMid=0)),
-        opacity=alt.condition("datum.enough", alt.value(1.0), alt.value(0.35)),
-        tooltip=["category", "step", "interval", "problems", "rows"])
+        opacity=alt.condition("datum.enough", alt.value(1.0), alt.value(0.35)))
     text = base.mark_text(fontSize=9).encode(text=alt.Text("estimate:Q", format=".2f"))
     return alt.layer(cells, text).properties(
         width=70 * max(data.step.nunique(), 1), height=18 * max(len(order), 1))
@@ -207,8 +229,8 @@ def category_share_chart(categories: pd.DataFrame, group: str = "target",
     base = alt.Chart(data).encode(y=alt.Y("category:N", sort=order, title="token category"),
                                   color=alt.Color("what:N", title=None),
                                   yOffset="what:N")
-    return alt.layer(base.mark_bar().encode(x=alt.X("estimate:Q", title="share")),
-                     base.mark_rule(color="black").encode(x="low:Q", x2="high:Q")).properties(
+    rules = [base.mark_rule(color="black").encode(x="low:Q", x2="high:Q")] if has_intervals(data) else []
+    return alt.layer(base.mark_bar().encode(x=alt.X("estimate:Q", title="share")), *rules).properties(
         width=320, height=22 * max(len(order), 1),
         title=f"Shares by token category at step {step}, group {group!r}")
 
@@ -222,7 +244,8 @@ def entropy_chart(deciles: pd.DataFrame, group: str = "target"):
     panels = [_estimate_with_interval(data[data.metric == m], x, LABELS[m], colour).properties(
         width=WIDTH, height=HEIGHT) for m in ("kl_ref_ckpt", "kl_ckpt_ref", "entropy_change")]
     rows = [alt.hconcat(*panels[i:i + 2]) for i in range(0, len(panels), 2)]  # fits a 1280-px window
-    return alt.vconcat(*rows).properties(title=f"By the reference's entropy, group {group!r}")
+    return alt.vconcat(*rows).properties(
+        title=f"By the reference's entropy, group {group!r} {intervals_said(data, '95% intervals')}")
 
 
 def concentration_chart(share: pd.DataFrame, group: str = "target",
@@ -241,7 +264,8 @@ def concentration_chart(share: pd.DataFrame, group: str = "target",
                   f"carried by the {100 * top:g}% highest-entropy positions"])
     return alt.layer(null, mech, observed).properties(
         width=360, height=220, title=[f"Concentration at uncertain positions, group {group!r}",
-                                      "grey: shuffled within problems; orange: uniform nudges"])
+                                      "grey: shuffled within problems; orange: uniform nudges",
+                                      f"observed {intervals_said(data, '95% intervals')}"])
 
 
 def similarity_heatmap(similarity: pd.DataFrame, group: str = "target"):
@@ -255,12 +279,15 @@ def similarity_heatmap(similarity: pd.DataFrame, group: str = "target"):
         pd.DataFrame({"step_a": steps, "step_b": steps, "spearman": 1.0, "low": 1.0,
                       "high": 1.0})], ignore_index=True)
     metric = data.metric.iloc[0] if len(data) else "kl_ref_ckpt"
+    # the label in a cell answers a hover as the cell does (it covers the cell's centre)
     base = alt.Chart(mirrored).encode(x=alt.X("step_a:O", title="RL step"),
-                                      y=alt.Y("step_b:O", title="RL step"))
+                                      y=alt.Y("step_b:O", title="RL step"),
+                                      tooltip=[alt.Tooltip("step_a:O", title="RL step"),
+                                               alt.Tooltip("step_b:O", title="and RL step"),
+                                               alt.Tooltip("spearman:Q", title="Spearman"), "low", "high"])
     cells = base.mark_rect().encode(
         color=alt.Color("spearman:Q", scale=alt.Scale(domain=[-1, 1], scheme="redblue",
-                                                      domainMid=0), title="Spearman"),
-        tooltip=["step_a", "step_b", "spearman", "low", "high"])
+                                                      domainMid=0), title="Spearman"))
     text = base.mark_text(fontSize=10).encode(text=alt.Text("spearman:Q", format=".2f"))
     return alt.layer(cells, text).properties(
         width=40 * max(len(steps), 2), height=40 * max(len(steps), 2),
@@ -278,15 +305,16 @@ def estimator_bias_chart(lab: pd.DataFrame, group: str = "target", level: str = 
                               color=alt.Color("step:O", title="RL step",
                                               scale=alt.Scale(scheme="viridis")),
                               xOffset="step:O")
-    layer = alt.layer(base.mark_rule().encode(y="low:Q", y2="high:Q"),
-                      base.mark_point(filled=True).encode(
+    rules = [base.mark_rule().encode(y="low:Q", y2="high:Q")] if has_intervals(data) else []
+    layer = alt.layer(*rules, base.mark_point(filled=True).encode(
                           y=alt.Y("bias:Q", title=f"bias per {level}, nats")),
                       alt.Chart().mark_rule(strokeDash=[3, 3]).encode(y=alt.datum(0)),
                       data=data).properties(width=170, height=150)
     return layer.facet(row=alt.Row("direction:N", title=None),
                        column=alt.Column("estimator:N", title=None)).resolve_scale(
         y="independent").properties(title=[
-            f"Sampled estimators against the exact KL, group {group!r} ({level} level)",
+            f"Sampled estimators against the exact KL, group {group!r} ({level} level), "
+            + intervals_said(data, "95% intervals over problems"),
             "KL(ref‖ckpt): how surprised the checkpoint is by what the reference would write",
             "KL(ckpt‖ref): how surprised the reference is by what the checkpoint would write"])
 
@@ -334,5 +362,7 @@ def group_contrast_chart(when: pd.DataFrame, metric: str = "kl_ref_ckpt"):
     x = alt.X("drawn_at:Q", title=STEP_AXIS, scale=alt.Scale(nice=False))
     colour = alt.Color("group:N", title="rollouts")
     return _estimate_with_interval(data, x, LABELS[metric], colour).encode(
-        tooltip=["group", "step", "estimate", "low", "high", "problems"]).properties(
-        width=360, height=220, title=f"{SHORT[metric].split(':')[0]} per group (95% intervals)")
+        tooltip=["group", alt.Tooltip("step:Q", title="RL step"), alt.Tooltip("estimate:Q", title="mean"),
+                 alt.Tooltip("interval:N", title="mean [95% interval]"), "problems"]).properties(
+        width=360, height=220,
+        title=f"{SHORT[metric].split(':')[0]} per group {intervals_said(data, '95% intervals')}")

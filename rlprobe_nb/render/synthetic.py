@@ -129,7 +129,8 @@ def _context_id(problem_id: str, before: np.ndarray) -> int:
 def synthetic_suite(n_problems: int = 3, rollouts_per_problem: int = 2, n_tokens: int = 60,
                     steps: dict[str, int] | None = None, spikes_per_rollout: int = 2,
                     seed: int = 0, topk: int = 5, suite: str = "synthetic") -> dict[str, pd.DataFrame]:
-    """Tables ``tokens`` (with ``step``), ``spikes``, ``rollouts``, ``problems``, ``answers``.
+    """Tables ``tokens`` (with ``step``), ``spikes``, ``spike_tests``, ``rollouts``,
+    ``problems``, ``answers``.
     Even rollouts are group "target" (the reference wrong), odd ones "ref_right"."""
     rng = np.random.default_rng(seed)
     steps = steps or {"rlvr_step_100": 100, "rlvr_step_400": 400, "rlvr_step_1200": 1200}
@@ -154,8 +155,19 @@ def synthetic_suite(n_problems: int = 3, rollouts_per_problem: int = 2, n_tokens
             rollouts.append({"model": "dpo", "problem_id": pid, "rollout_id": keys["rollout_id"], "response": text,
                              "extracted": str(pi + 11), "correct": group != "target", "failure_type": failure,
                              "n_tokens": n_tokens})
-    return {"tokens": pd.concat(frames, ignore_index=True), "spikes": pd.DataFrame(spikes),
+    tokens = pd.concat(frames, ignore_index=True)
+    return {"tokens": tokens, "spikes": pd.DataFrame(spikes), "spike_tests": _tests(tokens),
             "rollouts": pd.DataFrame(rollouts), "problems": pd.DataFrame(problems), "answers": pd.DataFrame(answers)}
+
+
+def _tests(tokens: pd.DataFrame) -> pd.DataFrame:
+    """Every row tested, shaped like chapter 05's ``spike_tests`` table: the divergence is KL
+    both ways, the statistic the divergence, p and q made up from its rank within the step
+    (the larger, the smaller), no row significant (the planted spikes are in ``spikes``)."""
+    divergence = tokens.kl_ref_ckpt.astype(float) + tokens.kl_ckpt_ref.astype(float)
+    rank = divergence.groupby(tokens.step).rank(ascending=False, method="first")
+    return tokens.assign(divergence=divergence, statistic=divergence, p=1e-3 * rank, q=0.2 * rank,
+                         sign=np.where(tokens.dlogp < 0, "rejects", "endorses"), significant=False)
 
 
 def decode(token_id: int) -> str:

@@ -68,10 +68,23 @@ def unpack_layer(layer: dict) -> list[dict]:
             for j in range(n)]
 
 
+PANE_JS = (STATIC / "token_pane.js").read_text(encoding="utf-8")
+MODULE_EXPORT = "export default { render };"
+
+
+def pane_script() -> str:
+    """The pane's module as a classic script that sets ``window.rlprobePane`` (for a page
+    without a widget manager: ``page_viewer``); the page runtime must come before it."""
+    if MODULE_EXPORT not in PANE_JS:
+        raise ValueError(f"token_pane.js no longer ends with {MODULE_EXPORT!r}")
+    body = PANE_JS.replace(MODULE_EXPORT, "window.rlprobePane = { render: render };")
+    return "(function () {\n" + body + "\n})();"
+
+
 class TokenPane(anywidget.AnyWidget):
     """See the module docstring. Holds no table: the viewer sets its traits."""
 
-    _esm = RUNTIME_JS + "\n" + (STATIC / "token_pane.js").read_text(encoding="utf-8")
+    _esm = RUNTIME_JS + "\n" + PANE_JS
     _css = _bare_css(STYLE) + PANE_CSS
 
     rollout = T.Unicode("").tag(sync=True)

@@ -119,18 +119,22 @@ def tooltip_text(row, text: str, decode: Decoder, spike: dict | None = None,
              f"rank     ref {int(row.rank_ref):<8} ckpt {int(row.rank_ckpt)}",
              f"KL(ref‖ckpt) {row.kl_ref_ckpt:.4f}   KL(ckpt‖ref) {row.kl_ckpt_ref:.4f}   JS {row.js:.4f}",
              f"entropy  ref {row.entropy_ref:.4f}   ckpt {row.entropy_ckpt:.4f}"]
-    if spike:
-        parts = [f"spike {spike.get('sign') or '?'}"]
-        if spike.get("persistence") is not None:
-            parts.append(str(spike["persistence"]))
-        if spike.get("q") is not None:
-            parts.append(f"q {spike['q']:.3g}")
-        if spike.get("onset") is not None and not pd.isna(spike["onset"]):
-            parts.append(f"onset step {int(spike['onset'])}")
-        lines.append("  ·  ".join(parts))
-    else:
-        lines.append("not a spike")
+    lines.append(spike_line(spike))
     return "\n".join(lines + _topk_lines(row, label, topk))
+
+
+def spike_line(spike: dict | None) -> str:
+    """A tooltip's line about the token's spike record at its step."""
+    if not spike:
+        return "not a spike"
+    parts = [f"spike {spike.get('sign') or '?'}"]
+    if spike.get("persistence") is not None:
+        parts.append(str(spike["persistence"]))
+    if spike.get("q") is not None:
+        parts.append(f"q {spike['q']:.3g}")
+    if spike.get("onset") is not None and not pd.isna(spike["onset"]):
+        parts.append(f"onset step {int(spike['onset'])}")
+    return "  ·  ".join(parts)
 
 
 @dataclass

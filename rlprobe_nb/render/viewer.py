@@ -15,10 +15,13 @@ that stays inside the window); click one, type its position, or step through the
 (n / p, "next spike") to see its series over steps and both models' top-k at every step;
 search the text to outline every token of a match.
 
+"Next spike" says when the step shown has none, and offers the nearest step that has.
+
 The response is drawn by :class:`token_pane.TokenPane` (an anywidget): a change of step
 sends only the new colours, about 8 bytes a token. In a static HTML export, where no kernel
-runs the widgets, the viewer's output shows the static rendering of its current rollout
-instead (a ``text/html`` fallback in its display bundle), tooltips included.
+runs the widgets, the viewer's output is the viewer for a page (``page_viewer``, the
+``text/html`` fallback of its display bundle): the same pane over the numbers of the
+opening rollout and of the rollouts other pages link to (``linked``), at every step.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ from rlprobe_nb.render.charts import series_chart, svg
 from rlprobe_nb.render.colour_scale import ColourScale, fit_scale, shared_scale
 from rlprobe_nb.render.metrics import DEFAULT_METRIC, METRICS, metric_values
 from rlprobe_nb.render.page_runtime import runtime_script
+from rlprobe_nb.render.page_viewer import page_viewer_html
 from rlprobe_nb.render.rollout_ranking import rank_rollouts, ranked_label
 from rlprobe_nb.render.spike_marks import spike_records
-from rlprobe_nb.render.token_pane import TokenPane, pack_layer
+from rlprobe_nb.render.token_pane import pack_layer
 from rlprobe_nb.render.tokens_html import (
     STYLE,
     Decoder,
@@ -48,26 +52,23 @@ from rlprobe_nb.render.tokens_html import (
     show_token,
     tooltip_text,
 )
-
-ALL = "(all)"
-Q_CHOICES = [0.001, 0.01, 0.05, 0.1]
-
-
-def _shown(widget, on: bool) -> None:
-    widget.layout.display = None if on else "none"
+from rlprobe_nb.render.viewer_controls import ALL, build_controls, shown
 
 
 class Viewer:
     """The app's state and widgets. ``tokens``: every checkpoint against one reference,
     with ``step``; ``spikes``: the spikes table (optional); ``responses``: rollout_id ->
     response text (optional: token texts are used otherwise); ``rollout_id`` and ``token``:
-    where to open (a rollout, and a position in it to select)."""
+    where to open (a rollout, and a position in it to select); ``linked``: the tokens other
+    pages link to (rollout_id, pos, why: ``viewer_targets.linked_targets``), whose rollouts
+    the viewer's page holds."""
 
     def __init__(self, tokens: pd.DataFrame, spikes: pd.DataFrame | None = None,
                  decode: Decoder | Mapping[int, str] | None = None, responses: Mapping[str, str] | None = None,
                  metric: str = DEFAULT_METRIC, quantile: float = 0.99, q: float = 0.05,
-                 rollout_id: str | None = None, token: int | None = None):
+                 rollout_id: str | None = None, token: int | None = None, linked: pd.DataFrame | None = None):
         self.tokens = tokens.reset_index(drop=True)
+        self.linked = linked
         self.spikes = spikes if spikes is not None else pd.DataFrame(
             columns=["checkpoint", "rollout_id", "pos", "q", "category"])
         self.decode = make_decoder(decode, self.tokens)
@@ -91,53 +92,9 @@ class Viewer:
 
     # -- widgets -------------------------------------------------------------------------
     def _build_widgets(self, metric: str, quantile: float, q: float) -> None:
-        import ipywidgets as W
-
         groups = sorted(self.rollouts.group.unique()) if "group" in self.rollouts.columns else []
-        has_spikes = len(self.spikes) > 0
         cats = sorted(map(str, self.spikes.category.dropna().unique())) if "category" in self.spikes.columns else []
-        steps = [(str(self.steps[c]), c) for c in self.checkpoints]
-        named = [(f"step {self.steps[c]} · {c}", c) for c in self.checkpoints]
-        wide = {"description_width": "initial"}
-        self.group = W.Dropdown(options=[ALL, *groups], description="group")
-        self.problem = W.Dropdown(description="problem")
-        self.rollout = W.Dropdown(description="rollout", layout=W.Layout(width="34em"),
-                                  tooltip="ranked by the final checkpoint's largest |metric| in the response")
-        buttons = {"button_width": "auto"}  # side by side, not stacked, names not cut
-        self.mode = W.ToggleButtons(options=["step", "compare"], value="step", description="view", style=buttons,
-                                    layout=W.Layout(width="max-content"))
-        self.step = W.SelectionSlider(options=steps, value=self.checkpoints[-1], description="RL step",
-                                      continuous_update=False, layout=W.Layout(width="30em"))
-        self.play = W.Play(min=0, max=len(steps) - 1, value=len(steps) - 1, interval=1200, description="play")
-        W.link((self.play, "value"), (self.step, "index"))
-        self.compare_a = W.Dropdown(options=named, value=self.checkpoints[0], description="A")
-        self.compare_b = W.Dropdown(options=named, value=self.checkpoints[-1], description="B")
-        self.metric = W.Dropdown(options=[(m.short, m.name) for m in METRICS.values()], value=metric,
-                                 description="metric")
-        self.scale_kind = W.Dropdown(options=["shared", "per-rollout"], value="shared", description="scale",
-                                     layout=W.Layout(width="14em"))
-        self.transform = W.Dropdown(options=["linear", "log"], value="linear", layout=W.Layout(width="6em"))
-        self.clip = W.FloatSlider(value=quantile, min=0.9, max=1.0, step=0.005, readout_format=".3f",
-                                  description="clip at quantile", continuous_update=False, style=wide)
-        self.q = W.Dropdown(options=Q_CHOICES, value=q, description="spikes q ≤", style=wide)
-        self.category = W.Dropdown(options=[ALL, *cats], description="category")
-        self.next_spike = W.Button(description="next spike ▶", disabled=not has_spikes)
-        self.token = W.BoundedIntText(value=-1, min=-1, max=10**7, description="token pos",
-                                      tooltip="-1: none selected")
-        self.info = W.HTML()
-        self.pane = TokenPane()
-        W.link((self.token, "value"), (self.pane, "selected"))
-        self._step_row = W.HBox([self.mode, self.play, self.step])
-        self._compare_row = W.HBox([self.compare_a, self.compare_b])
-        self._spike_row = W.HBox([self.q, self.category, self.next_spike, self.token])
-        self.widget = W.VBox([
-            W.HBox([self.group, self.problem, self.rollout]), self.info, self._step_row, self._compare_row,
-            W.HBox([self.metric, self.scale_kind, self.transform, self.clip]), self._spike_row, self.pane])
-        _shown(self.group, len(groups) > 1)
-        _shown(self.mode, len(self.checkpoints) > 1)
-        for w in (self.q, self.next_spike):
-            _shown(w, has_spikes)
-        _shown(self.category, has_spikes and bool(cats))
+        build_controls(self, metric, quantile, q, groups, cats)
         self._holding = 0
         self._fill_problems()
         self.group.observe(lambda _: self._on_group(), "value")
@@ -147,9 +104,33 @@ class Viewer:
         for w in (self.mode, self.step, self.compare_a, self.compare_b, self.scale_kind, self.transform,
                   self.clip, self.q, self.category):
             w.observe(lambda _: self.refresh(), "value")
-        self.pane.observe(lambda _: self._show_details(), "selected")
+        self.pane.observe(lambda _: self._on_selected(), "selected")
+        self.token.observe(lambda _: self._on_token_typed(), "value")
         self.next_spike.on_click(lambda _: self.jump_to_spike(1))
+        self.nearest_step.on_click(lambda _: self._go_to_nearest_spikes())
         self.pane.on_msg(self._on_pane_message)
+
+    @property
+    def selected(self) -> int | None:
+        """The selected token's position, None when none is."""
+        return self.pane.selected if self.pane.selected >= 0 else None
+
+    def select(self, pos: int | None) -> None:
+        """Select token ``pos`` of the current rollout (None: none)."""
+        self.pane.selected = -1 if pos is None else int(pos)
+
+    def _on_selected(self) -> None:
+        self.token.value = "" if self.selected is None else str(self.selected)
+        self._show_details()
+
+    def _on_token_typed(self) -> None:
+        typed = self.token.value.strip()
+        if typed == "":
+            self.select(None)
+        elif typed.isdigit():
+            self.select(int(typed))
+        else:  # not a position: show the selection as it is
+            self.token.value = "" if self.selected is None else str(self.selected)
 
     def ranking(self) -> pd.DataFrame:
         """Every rollout ranked by the final checkpoint's largest |metric| in it."""
@@ -196,7 +177,7 @@ class Viewer:
 
     def _on_rollout(self) -> None:
         with self._hold():
-            self.token.value = -1  # a position means nothing in another response
+            self.select(None)  # a position means nothing in another response
 
     def _on_metric(self) -> None:
         with self._hold():
@@ -213,7 +194,7 @@ class Viewer:
             self.rollout.value = rollout_id
             if checkpoint in self.steps:
                 self.mode.value, self.step.value = "step", checkpoint
-            self.token.value = -1 if token is None else int(token)
+            self.select(token)
 
     # -- state -> pictures ---------------------------------------------------------------
     def rows(self, checkpoint: str, rollout_id: str) -> pd.DataFrame:
@@ -244,10 +225,19 @@ class Viewer:
     def shown_checkpoints(self) -> list[str]:
         return [self.step.value] if self.mode.value == "step" else [self.compare_a.value, self.compare_b.value]
 
-    def _label(self, checkpoint: str) -> str:
+    def layer_label(self, checkpoint: str) -> str:
         return f"step {self.steps[checkpoint]} · {checkpoint} vs the reference"
 
-    def _marks(self, pieces: TokenPieces) -> tuple[np.ndarray, np.ndarray]:
+    def known_rollouts(self) -> pd.Index:
+        """Every rollout of the token tables."""
+        return self._meta.index
+
+    def rollout_facts(self, rollout_id: str) -> dict[str, str]:
+        """The rollout's problem, group and failure type (those the tables carry)."""
+        meta = self._meta.loc[rollout_id]
+        return {c: str(meta.get(c)) for c in ("problem_id", "group", "failure_type") if c in meta.index}
+
+    def marks(self, pieces: TokenPieces) -> tuple[np.ndarray, np.ndarray]:
         """Which tokens are outlined (spikes at the q threshold, in the category) and dimmed."""
         outlined = pieces.spike_q <= float(self.q.value)
         dim = np.zeros(len(pieces.pos), dtype=bool)
@@ -261,8 +251,8 @@ class Viewer:
         """One checkpoint's paint of the current rollout, packed for the pane."""
         rid = self.rollout.value
         values = metric_values(self.rows(checkpoint, rid), scale.metric)
-        outlined, dim = self._marks(self.pieces(checkpoint, rid))
-        return pack_layer(checkpoint, self._label(checkpoint), scale.colours(values), scale.text_colours(values),
+        outlined, dim = self.marks(self.pieces(checkpoint, rid))
+        return pack_layer(checkpoint, self.layer_label(checkpoint), scale.colours(values), scale.text_colours(values),
                           outlined, dim)
 
     def refresh(self) -> None:
@@ -271,11 +261,11 @@ class Viewer:
         if self._holding or self.rollout.value is None:
             return
         rid = self.rollout.value
-        meta = self._meta.loc[rid]
         n = len(self._rows[(self.checkpoints[-1], rid)])
-        facts = [html.escape(str(meta.get(c))) for c in ("problem_id", "group", "failure_type") if c in meta.index]
+        facts = [html.escape(v) for v in self.rollout_facts(rid).values()]
         note = "" if len(self.spikes) else " · no spikes table (chapter 05 writes it): nothing is outlined"
         self.info.value = f"<small>{html.escape(rid)}: {n} tokens · {' · '.join(facts)}{note}</small>"
+        self._say_spikes(None)
         scale = self.scale()
         texts = self.pieces(self.checkpoints[-1], rid).text
         with self.pane.hold_sync():
@@ -288,32 +278,64 @@ class Viewer:
     def _shown_controls(self) -> None:
         step = self.mode.value == "step"
         for w in (self.play, self.step):
-            _shown(w, step)
-        _shown(self._compare_row, not step)
+            shown(w, step)
+        shown(self.compare_row, not step)
 
     # -- selection -----------------------------------------------------------------------
-    def spike_positions(self) -> np.ndarray:
-        """Positions outlined in the current view (q and category filters), in order."""
-        pieces = self.pieces(self.shown_checkpoints()[-1], self.rollout.value)
-        return pieces.pos[self._marks(pieces)[0]]
+    def spike_positions(self, checkpoint: str | None = None) -> np.ndarray:
+        """Positions outlined (q and category filters) at ``checkpoint`` (default: the one
+        shown last), in order."""
+        pieces = self.pieces(checkpoint or self.shown_checkpoints()[-1], self.rollout.value)
+        return pieces.pos[self.marks(pieces)[0]]
 
     def jump_to_spike(self, direction: int = 1) -> int | None:
         """Select the next (1) or previous (-1) outlined spike from the selected token,
-        wrapping around; None when nothing is outlined."""
+        wrapping around. None when nothing is outlined at the step shown: the viewer then
+        says so, and offers the nearest step of this rollout that has one."""
         found = self.spike_positions()
+        self._say_spikes(None if len(found) else self.nearest_step_with_spikes())
         if not len(found):
             return None
-        here = self.token.value
+        here = -1 if self.selected is None else self.selected
         if direction > 0:
             later = found[found > here]
-            self.token.value = int(later[0] if len(later) else found[0])
+            self.select(int(later[0] if len(later) else found[0]))
         else:
             earlier = found[(found < here) if here >= 0 else np.ones(len(found), bool)]
-            self.token.value = int(earlier[-1] if len(earlier) else found[-1])
-        return self.token.value
+            self.select(int(earlier[-1] if len(earlier) else found[-1]))
+        return self.selected
 
     def jump_to_next_spike(self) -> int | None:
         return self.jump_to_spike(1)
+
+    def nearest_step_with_spikes(self) -> str:
+        """The checkpoint nearest the one shown last at which this rollout has an outlined
+        spike ("" if none has)."""
+        here = self.checkpoints.index(self.shown_checkpoints()[-1])
+        others = sorted((abs(i - here), i) for i, ck in enumerate(self.checkpoints) if i != here)
+        return next((self.checkpoints[i] for _, i in others if len(self.spike_positions(self.checkpoints[i]))), "")
+
+    def _say_spikes(self, nearest: str | None) -> None:
+        """The note beside "next spike": none (None), or that the step shown has no spike
+        and which step nearest has one ("" if no step has)."""
+        shown(self.nearest_step, bool(nearest))
+        if nearest is None:
+            self.spike_note.value = ""
+            return
+        step = self.steps[self.shown_checkpoints()[-1]]
+        where = (f"; the nearest step with one in this rollout is {self.steps[nearest]}" if nearest
+                 else ", nor at any other step of this rollout")
+        self.spike_note.value = f"<small>no spike is outlined at step {step}{where}</small>"
+        self.nearest_step.description = f"go to step {self.steps[nearest]} ▶" if nearest else ""
+        self._nearest = nearest
+
+    def _go_to_nearest_spikes(self) -> None:
+        with self._hold():
+            if self.mode.value == "step":
+                self.step.value = self._nearest
+            else:
+                self.compare_b.value = self._nearest
+        self.jump_to_spike(1)
 
     def move_step(self, delta: int) -> None:
         """One checkpoint later (1) or earlier (-1), within the ends."""
@@ -353,10 +375,10 @@ class Viewer:
             self.open(content["rollout"], content.get("pos"), content.get("checkpoint"))
 
     def _show_details(self) -> None:
-        pos = self.token.value
         if self._holding:
             return
-        self.pane.details = self.details_html(pos) if pos >= 0 and self.rollout.value is not None else ""
+        pos = self.selected
+        self.pane.details = self.details_html(pos) if pos is not None and self.rollout.value is not None else ""
 
     def series(self, pos: int) -> pd.DataFrame:
         """One token of the current rollout at every checkpoint, in step order."""
@@ -389,7 +411,7 @@ class Viewer:
         rid = self.rollout.value
         pieces = self.pieces(checkpoint, rid)
         values = metric_values(self.rows(checkpoint, rid), scale.metric)
-        selected = self.token.value if self.token.value >= 0 else None
+        selected = self.selected
         cat = None if self.category.value == ALL else self.category.value
         body = paint(pieces, values, scale, float(self.q.value), cat, selected)
         return (f'<div class="rp-resp" data-checkpoint="{html.escape(checkpoint)}" data-rollout="{html.escape(rid)}"'
@@ -400,7 +422,7 @@ class Viewer:
         scale = self.scale()
         parts = [STYLE, runtime_script(), scale.legend_html()]
         for ck in self.shown_checkpoints():
-            parts.append(f'<div style="font:12px sans-serif;margin-top:4px">{html.escape(self._label(ck))}</div>')
+            parts.append(f'<div style="font:12px sans-serif;margin-top:4px">{html.escape(self.layer_label(ck))}</div>')
             parts.append(self.response_fragment(ck, scale))
         return "".join(parts)
 
@@ -409,7 +431,7 @@ class Viewer:
         step (or at the two ``checkpoints``, one above the other), tooltips included, and
         the selected token's details."""
         head = html.escape(f"rollout {self.rollout.value} (problem {self._meta.problem_id[self.rollout.value]})")
-        details = self.details_html(self.token.value) if self.token.value >= 0 else ""
+        details = self.details_html(self.selected) if self.selected is not None else ""
         if checkpoints is None:
             return f"<div><div style='font:13px sans-serif'>{head}</div>{self.render_html()}{details}</div>"
         mode, a, b = self.mode.value, self.compare_a.value, self.compare_b.value
@@ -424,7 +446,7 @@ class Viewer:
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/html"] = self.static_html()
+        bundle["text/html"] = page_viewer_html(self, self.linked)
         return bundle
 
 

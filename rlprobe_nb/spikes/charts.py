@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from rlprobe_nb.views import TOOLTIP_NUMBER as NUMBER
+
 SIGN_COLOURS = {"rejects": "#c0392b", "endorses": "#2471a3", "redistributes": "#7d3c98"}
 
 
@@ -248,9 +250,9 @@ def onset_chart(table: pd.DataFrame, onsets: pd.DataFrame, accuracy: pd.DataFram
     cells = base.mark_rect().encode(
         color=alt.Color("estimate:Q", title="mean departure, nats",
                         scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0)),
-        tooltip=["row", "step", "against", alt.Tooltip("estimate:Q", format=".3f"),
-                 alt.Tooltip("low:Q", format=".3f"), alt.Tooltip("high:Q", format=".3f"),
-                 "problems", "rows"])
+        tooltip=["row", "step", "against", alt.Tooltip("estimate:Q", title="mean departure, nats", format=NUMBER),
+                 alt.Tooltip("low:Q", title="95% interval, low", format=NUMBER),
+                 alt.Tooltip("high:Q", title="95% interval, high", format=NUMBER), "problems", "rows"])
     rings = base.transform_filter("datum.apart").mark_point(shape="circle", size=60, color="black")
     marks = base.transform_filter("datum.onset").mark_point(shape="triangle-right", size=90,
                                                             filled=True, color="black")

@@ -121,23 +121,30 @@ def test_inputs_are_hidden_by_tags_until_show_code_and_the_bar_links_the_neighbo
 
 
 def test_the_viewers_page_shows_a_linked_token_or_says_how_to_open_it(tmp_path):
-    from rlprobe_nb.render import viewer_links, viewer_targets
+    from rlprobe_nb.render import page_viewer, viewer_links, viewer_targets
 
-    s = synthetic.synthetic_suite(n_problems=2, rollouts_per_problem=1, n_tokens=40, seed=4)
-    app = viewer.open_viewer(s["tokens"], s["spikes"], synthetic.decode)
-    targets = viewer_targets.linked_targets(s["tokens"], s["spikes"])
+    s = synthetic.synthetic_suite(n_problems=4, rollouts_per_problem=1, n_tokens=300, seed=4)
+    linked = viewer_targets.linked_targets(s["tokens"], s["spikes"], s["spike_tests"])
+    app = viewer.open_viewer(s["tokens"], s["spikes"], synthetic.decode, linked=linked)
     page_file = tmp_path / "07_viewer.html"
-    page_file.write_text("<!DOCTYPE html><html><body>" + viewer_targets.targets_html(app, targets) + "</body></html>")
-    held = targets.iloc[0]
+    page_file.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body><h1>07</h1>"
+                         "<div style='height:1500px'></div>" + page_viewer.page_viewer_html(app, linked) + "</body></html>",
+                         encoding="utf-8")
+    held = linked[linked.rollout_id != app.rollout.value].iloc[-1]  # not the rollout it opens on
     with headless_chromium(tmp_path) as (context, guard):
         page = context.new_page()
         page.goto(f"{page_file.as_uri()}#{viewer_links.fragment(held.rollout_id, held.pos)}")
-        section = page.locator("section.rp-target").first
-        assert section.get_attribute("id") == viewer_links.fragment(held.rollout_id, held.pos)
-        assert section.locator(f".rp-tok.rp-sel[data-pos='{held.pos}']").count() == 1, "the token ringed"
-        assert page.locator("#rp-target-missing").is_hidden()
+        token = page.locator(f".rp-page-viewer .rp-pane-body .rp-tok.rp-sel[data-pos='{held.pos}']")
+        assert token.count() == 1, "the token ringed"
+        assert page.eval_on_selector(".rp-page-viewer select", "s => s.value") == held.rollout_id
+        box, view = token.bounding_box(), page.viewport_size
+        assert 0 <= box["y"] and box["y"] + box["height"] <= view["height"], "scrolled into the window"
+        assert page.locator(f".rp-details .rp-token-details[data-pos='{held.pos}']").count() == 1, "its history"
+        assert page.locator(".rp-pv-missing").is_hidden()
         page.goto(f"{page_file.as_uri()}#{viewer_links.fragment('elsewhere#0', 3)}")
-        note = page.locator("#rp-target-missing")
+        note = page.locator(".rp-pv-missing")
         assert note.is_visible() and "papermill notebooks/07_viewer.ipynb" in note.text_content()
         assert "-p rollout_id 'elsewhere#0' -p token 3" in note.text_content()
+        box = note.bounding_box()
+        assert 0 <= box["y"] and box["y"] + box["height"] <= view["height"], "the note where the page opens"
     guard.assert_nothing_left()

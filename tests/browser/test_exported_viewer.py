@@ -1,7 +1,8 @@
 """A notebook that opens the viewer, executed by a kernel (which stores the widgets'
 state, as papermill does) and exported by the book's own exporter: in a browser without a
-kernel or network, the viewer's output is not empty but the coloured response (its static
-text/html fallback), tooltips included, and the page requests nothing."""
+kernel or network, the viewer's output is not empty but the viewer for a page (its
+text/html fallback): the coloured response, with the live viewer's tooltips, and the page
+requests nothing."""
 
 import nbformat
 import pytest
@@ -19,6 +20,15 @@ CELLS = [
     "viewer.open_viewer(s['tokens'], s['spikes'], synthetic.decode,\n"
     "                   dict(zip(s['rollouts'].rollout_id, s['rollouts'].response)))",
 ]
+
+
+def live_viewer():
+    """The viewer the notebook opens, built here from the same synthetic tables."""
+    from rlprobe_nb.render import synthetic, viewer
+
+    s = synthetic.synthetic_suite(n_problems=2, rollouts_per_problem=1, n_tokens=30, seed=3)
+    return viewer.open_viewer(s["tokens"], s["spikes"], synthetic.decode,
+                              dict(zip(s["rollouts"].rollout_id, s["rollouts"].response)))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +54,7 @@ def test_exported_viewer_shows_the_coloured_response(exported, tmp_path):
         assert len(set(spans)) > 5, "coloured by value"
         token = page.locator(".jp-OutputArea-output .rp-tok").nth(3)
         assert tooltip_visible(page, token), "the tooltip shows, unclipped by the output area"
-        assert page.text_content(".rp-tipbox") == token.get_attribute("data-tip")
+        assert page.text_content(".rp-tipbox") == live_viewer().tooltip("rlvr_step_1200", 3), "the live one's text"
         assert "top-5" in page.text_content(".rp-tipbox")
         spread = pixel_spread(context, page.screenshot(full_page=True))
     guard.assert_nothing_left()

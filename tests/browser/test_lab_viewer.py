@@ -1,8 +1,11 @@
-"""The live viewer as a user meets it (issue 16, acceptance 2; issue 26, acceptance 1):
-JupyterLab, started with the project's settings on localhost, opens
+"""The live viewer as a user meets it (issue 16, acceptance 2; issue 26, acceptance 1;
+issue 35): JupyterLab, started with the project's settings on localhost, opens
 notebooks/07_viewer.ipynb in headless Debian chromium with the network cut off and runs all
 cells against the small book's tables. Then, as a reader would:
 
+- at 1,024 px with the file browser open, every control is readable (no list cut short, no
+  slider without its value, no label cut, nothing past the notebook's edge, no sentinel),
+  and "next spike" selects a spike or says the step has none and which step has;
 - hovering a token shows its tooltip inside the window, with the table's numbers (the text
   the package writes for that token and step);
 - clicking a token selects it (ringed; its values over steps and top-k at every step shown);
@@ -98,6 +101,46 @@ def hover_tooltip(page, token) -> dict:
     return page.evaluate(TIPBOX)
 
 
+# Every control of the viewer at 1,024 px with the file browser open: what a reader cannot
+# read (a list cut short, a slider's value lost, a label cut, a control past the notebook's
+# edge, a sentinel in the token field).
+CONTROLS_UNREADABLE = """() => {
+  const root = [...document.querySelectorAll('.jp-OutputArea-output .widget-vbox')]
+    .find(v => v.querySelector('.rp-pane'));
+  const area = root.closest('.jp-OutputArea-output').getBoundingClientRect();
+  const out = [];
+  const canvas = document.createElement('canvas').getContext('2d');
+  const width = (el, text) => { const s = getComputedStyle(el); canvas.font = `${s.fontSize} ${s.fontFamily}`;
+                                return canvas.measureText(text).width; };
+  for (const w of root.querySelectorAll('.widget-inline-hbox, .widget-button, .widget-toggle-buttons')) {
+    const r = w.getBoundingClientRect();
+    if (!r.width) continue;  // not shown
+    if (r.right > area.right + 1 || r.left < area.left - 1) out.push(`past the edge: ${w.textContent.trim().slice(0, 30)}`);
+  }
+  for (const label of root.querySelectorAll('.widget-label')) {
+    if (label.getBoundingClientRect().width && label.scrollWidth > label.clientWidth + 1) out.push(`label cut: ${label.textContent}`);
+  }
+  for (const select of root.querySelectorAll('select')) {
+    const shown = select.options[select.selectedIndex];
+    if (shown && select.getBoundingClientRect().width && width(select, shown.textContent) > select.clientWidth - 24)
+      out.push(`list cut: ${shown.textContent.slice(0, 40)}`);
+  }
+  for (const readout of root.querySelectorAll('.widget-readout')) {
+    const r = readout.getBoundingClientRect();
+    if (readout.closest('.widget-hslider').getBoundingClientRect().width &&
+        (!r.width || r.right > area.right + 1 || readout.scrollWidth > readout.clientWidth + 1))
+      out.push(`slider value lost: ${readout.textContent}`);
+  }
+  for (const input of root.querySelectorAll('input[type=text], input[type=number]')) {
+    if (/^-1$/.test(input.value.trim())) out.push(`a sentinel shown: ${input.value}`);
+    const shown = input.value || input.placeholder, s = getComputedStyle(input);
+    const room = input.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+    if (input.getBoundingClientRect().width && width(input, shown) > room) out.push(`text cut: ${shown}`);
+  }
+  return out;
+}"""
+
+
 def test_the_viewer_in_jupyterlab(small_book, tmp_path, monkeypatch):
     from lab_server import lab_server
 
@@ -113,6 +156,31 @@ def test_the_viewer_in_jupyterlab(small_book, tmp_path, monkeypatch):
         page = context.new_page()
         open_and_run(page, lab, "notebooks/07_viewer.ipynb")
         page.wait_for_selector(TOKENS, timeout=600_000)
+
+        # 1,024 px with the file browser open: every control readable, no sentinel shown
+        page.set_viewport_size({"width": 1024, "height": 800})
+        page.evaluate("window.jupyterapp.commands.execute('filebrowser:activate')")
+        page.wait_for_timeout(1500)
+        assert page.evaluate("window.jupyterapp.shell.leftCollapsed") is False
+        assert page.evaluate(CONTROLS_UNREADABLE) == []
+        assert page.locator(".widget-text input").first.get_attribute("placeholder").startswith("none")
+        # "next spike": a spike selected, or says the step has none and which step has (the
+        # spike controls show only where the suite has spikes)
+        next_spike = page.locator(".widget-button", has_text="next spike")
+        if next_spike.is_visible():
+            next_spike.scroll_into_view_if_needed()
+            next_spike.click()
+            page.wait_for_function("() => document.querySelector('.rp-pane-body .rp-tok.rp-sel.rp-spike') || "
+                                   "[...document.querySelectorAll('.widget-html-content')].some("
+                                   "e => /no spike is outlined at step \\d+/.test(e.textContent))", timeout=60_000)
+            assert page.evaluate(CONTROLS_UNREADABLE) == [], "readable with the note beside next spike too"
+        selected = page.locator(f"{TOKENS}.rp-sel")
+        if selected.count():  # a second click clears the selection: none for what follows
+            selected.first.click()
+            page.wait_for_function(f"() => !document.querySelector('{TOKENS}.rp-sel')", timeout=60_000)
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.evaluate("window.jupyterapp.shell.collapseLeft()")
+        page.wait_for_timeout(1000)
         final = page.eval_on_selector_all(TOKENS, COLOURS)
         texts = page.eval_on_selector_all(TOKENS, "els => els.map(e => e.textContent)")
         assert texts == app.pane.texts, "the opening rollout, token by token"

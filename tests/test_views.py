@@ -1,0 +1,50 @@
+"""Charts answer a hover (``views.readable_tooltips``): every mark but text has a tooltip whose
+numbers have four significant digits and whose fields are named; lines and areas get points
+to hover. The browser tests hover every chart of the small book (``test_book_pages``)."""
+
+import altair as alt
+import pandas as pd
+
+from rlprobe_nb import views
+
+DATA = pd.DataFrame({"step": [0, 100, 1200], "estimate": [0.0605466100921, 0.25, 1.5],
+                     "low": [0.01, 0.1, 1.0], "high": [0.1, 0.4, 2.0], "group": ["a", "b", "c"]})
+
+
+def units(spec: dict) -> list[dict]:
+    """Every unit spec (one with a mark) of a Vega-Lite dict, in order."""
+    out = [spec] if "mark" in spec else []
+    for key in ("layer", "hconcat", "vconcat", "concat"):
+        for part in spec.get(key, []):
+            out += units(part)
+    return out + (units(spec["spec"]) if "spec" in spec else [])
+
+
+def test_every_mark_but_text_gets_a_named_tooltip_with_four_significant_digits():
+    base = alt.Chart(DATA).encode(x=alt.X("step:Q", title="RL step"))
+    chart = alt.hconcat(
+        alt.layer(base.mark_rule().encode(y="low:Q", y2="high:Q"),
+                  base.mark_line().encode(y=alt.Y("estimate:Q", title=["mean KL,", "nats"]), color="group:N"),
+                  base.mark_text().encode(y="estimate:Q", text="group:N")),
+        alt.Chart(DATA).mark_bar().encode(x="group:N", y="estimate:Q", tooltip=["group", "estimate"]))
+    rule, line, text, bar = units(views.readable_tooltips(chart.to_dict()))
+    assert rule["encoding"]["tooltip"] == [
+        {"field": "step", "type": "quantitative", "title": "RL step", "format": views.TOOLTIP_NUMBER},
+        {"field": "low", "type": "quantitative", "title": "95% interval, low", "format": views.TOOLTIP_NUMBER},
+        {"field": "high", "type": "quantitative", "title": "95% interval, high", "format": views.TOOLTIP_NUMBER}]
+    assert [t["title"] for t in line["encoding"]["tooltip"]] == ["RL step", "mean KL, nats", "group"]
+    assert line["mark"]["point"] == views.HOVER_POINTS, "a line's path answers no hover in SVG: its points do"
+    assert "tooltip" not in text["encoding"], "a label answers only where the chart says so"
+    assert [t.get("format") for t in bar["encoding"]["tooltip"]] == [None, views.TOOLTIP_NUMBER], "the chart's own"
+
+
+def test_a_faceted_chart_names_its_panel_in_the_tooltip():
+    chart = alt.Chart(DATA).mark_point().encode(x="step:Q", y="estimate:Q").facet(column="group:N")
+    (unit,) = units(views.readable_tooltips(chart.to_dict()))
+    assert [t["field"] for t in unit["encoding"]["tooltip"]] == ["group", "step", "estimate"]
+
+
+def test_the_shown_chart_carries_the_tooltips_into_jupyterlab_and_the_pages():
+    shown = views.show(alt.Chart(DATA).mark_line().encode(x="step:Q", y="estimate:Q"))
+    spec = shown._repr_mimebundle_()[views.VEGALITE_MIMETYPE]
+    assert spec["encoding"]["tooltip"][1]["format"] == views.TOOLTIP_NUMBER
