@@ -181,19 +181,24 @@ print(f"{len(CONTROLS)} controls for {len(MAIN)} points "
 # what RLVR learned or to any model that continues it. The reference continues only the
 # problems it solves at least `ref_min_pass` of the time on its own (chapter 01's
 # samples): where it never does, its pass rate is about 0 on every arm and the
-# difference says nothing.
+# difference says nothing. With `ref_min_pass` null it continues nothing (the demo book
+# leaves it out to stay within its time).
 
 # %%
 ref_rate = ANSWERS[ANSWERS.model == P.reference].groupby("problem_id").correct.mean()
-ref_problems = set(ref_rate[ref_rate >= C.ref_min_pass].index) & set(POINTS.problem_id)
+ref_problems = set() if C.ref_min_pass is None else \
+    set(ref_rate[ref_rate >= C.ref_min_pass].index) & set(POINTS.problem_id)
 PLACEBO = P.placebo_for(checkpoint) if C.placebo else None
 policies = {checkpoint: None, **({PLACEBO: None} if PLACEBO else {}),
             **({P.reference: ref_problems} if ref_problems else {})}
 print(f"the placebo {PLACEBO!r} continues every context too" if PLACEBO else
       "no placebo continues the contexts (the suite has none at this step, or placebo=False)")
-print(f"the reference solves {len(ref_problems)} of the {POINTS.problem_id.nunique()} problems "
-      f"branched on at least {C.ref_min_pass:.0%} of the time: "
-      + ("it continues those too" if ref_problems else "it is not used as a policy here"))
+if C.ref_min_pass is None:
+    print("the reference continues no context (ref_min_pass: null)")
+else:
+    print(f"the reference solves {len(ref_problems)} of the {POINTS.problem_id.nunique()} "
+          f"problems branched on at least {C.ref_min_pass:.0%} of the time: "
+          + ("it continues those too" if ref_problems else "it is not used as a policy here"))
 
 # %% [markdown]
 # ## The plan and its cost

@@ -55,6 +55,26 @@ def test_pruned_and_full_draw_the_same():
         assert _draws(logits, seeds, step, temps, False) == _draws(logits, seeds, step, temps, True)
 
 
+def test_the_uint32_hash_of_the_pruned_sampler_is_the_int64_one():
+    """The CPU sampler finds the tokens whose noise may exceed CUT with a uint32 hash; it
+    must pick exactly the tokens the int64 hash of ``draw_full`` gives those bits."""
+    g = torch.Generator().manual_seed(3)
+    seeds = torch.cat([torch.tensor([0, 2 ** 63 - 1, 2 ** 32 - 1, 2 ** 32]),
+                       torch.randint(0, 2 ** 62, (60,), generator=g)])
+    codes = sampling.vocab_codes(49152, "cpu")
+    for step in (0, 1, 77, 2 ** 31 + 5):
+        k1, k2 = sampling.row_keys(seeds, torch.full((64,), step))
+        bits = sampling._bits(k1[:, None], k2[:, None], codes)
+        want = bits >= sampling.BITS_AT_CUT
+        assert 0 < int(want.sum()) < want.numel()
+        assert torch.equal(sampling._lucky(k1, k2, 49152), want)
+        # the whole hash, not only its threshold: the uint32 mixer equals the int64 one
+        x = codes.numpy().astype("uint32")[None, :] ^ k1.numpy().astype("uint32")[:, None]
+        sampling._mix32_u32(x, x.copy())
+        x ^= k2.numpy().astype("uint32")[:, None]
+        assert (x.astype("int64") == bits.numpy()).all()
+
+
 SCRIPT = """
 import json, torch
 from rlprobe_nb.generation import sampling

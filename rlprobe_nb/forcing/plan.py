@@ -17,7 +17,8 @@ What is forced, by group (``forcing.groups``), so every effect has a contrast:
              never looks at the outcome; a rollout drawn here is forced in this group only,
              and the other groups draw from the rest.
 ``forcing.max_rollouts`` caps each group with a seeded draw stratified by temperature and
-problem, so no temperature and no problem is dropped while others are kept whole.
+problem, so no temperature and no problem is dropped while others are kept whole;
+``forcing.max_unselected`` caps ``t1_unselected`` on its own where it is set.
 
 Devices (``distributed``): a forward is shared among the worker processes batch by batch,
 models loading in the workers; ``force_checkpoints`` spreads several checkpoints over the
@@ -99,7 +100,8 @@ def choose(rollouts: pd.DataFrame, selection: pd.DataFrame, P: Params) -> pd.Dat
     F = P.forcing
     grouped = assign_groups(rollouts, selection, F.failure_types)
     if UNSELECTED in F.groups:  # first, so the outcome never decides what it draws
-        drawn = unselected_draw(rollouts, selection, F.max_rollouts, F.seed)
+        cap = F.max_rollouts if F.max_unselected is None else F.max_unselected
+        drawn = unselected_draw(rollouts, selection, cap, F.seed)
         grouped.loc[drawn.index, "group"] = UNSELECTED
     parts = [stratified(grouped[grouped["group"] == g], F.max_rollouts, F.seed)
              for g in F.groups]

@@ -72,6 +72,9 @@ class ForcingParams:
     failure_types: list[str] = field(default_factory=lambda: ["boxed_wrong", "empty_box",
                                                               "no_box"])
     max_rollouts: Optional[int] = None  # per group, stratified by temperature and problem
+    # t1_unselected's own cap (None: max_rollouts): chapter 04's check needs fewer draws
+    # than the groups it compares
+    max_unselected: Optional[int] = None
     seed: int = 0  # of the stratified draw under max_rollouts
     batch_tokens: int = 4096
     chunk_positions: int = 256
@@ -106,7 +109,8 @@ class CounterfactualsParams:
     max_new_tokens: Optional[int] = None  # whole-response limit; None: the rollouts'
     continuation_tokens: Optional[int] = None  # new tokens per continuation; None: no limit
     stop_at_box: bool = True  # a continuation ends once it has closed a box (graded then)
-    ref_min_pass: float = 0.1  # the reference continues only problems it solves this often
+    # the reference continues only problems it solves this often (None: it continues none)
+    ref_min_pass: Optional[float] = 0.1
     # the placebo checkpoint at the checkpoint's step (where the suite has one) continues
     # the same contexts with the same draws: does the swap matter less without the reward?
     placebo: bool = True
@@ -155,6 +159,7 @@ RANGES = {
     "rollouts.max_new_tokens": (1, None), "rollouts.batch_size": (1, None),
     "forcing.batch_tokens": (1, None), "forcing.chunk_positions": (1, None),
     "forcing.topk": (1, 1000), "forcing.max_rollouts": (1, None),
+    "forcing.max_unselected": (1, None),
     "counterfactuals.n": (1, 10000), "counterfactuals.max_points": (1, None),
     "counterfactuals.grid_points": (2, None), "counterfactuals.case_studies": (0, None),
     "counterfactuals.temperature": (0.0, 10.0), "counterfactuals.max_new_tokens": (1, None),
