@@ -43,7 +43,7 @@ from rlprobe_nb.tables import lineage, storage
 # %% tags=["parameters"]
 suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
 checkpoint: str = "rlvr_step_1200"  # the RLVR checkpoint forced against the reference: params/<suite>/<checkpoint>.yaml
-checkpoints: Optional[list[str]] = None  # several GPUs: force these checkpoints in this run, one per GPU (the book sets it)
+checkpoints: Optional[list[str]] = None  # force these checkpoints in this run first (the book passes all of them to the first run)
 max_rollouts: Optional[int] = None  # force at most this many rollouts (default: forcing.max_rollouts)
 batch_tokens: Optional[int] = None  # tokens per forward batch (default: forcing.batch_tokens)
 overwrite: bool = False  # recompute tables computed from other inputs (without it they are refused, naming what changed)
@@ -91,9 +91,11 @@ CHOSEN.groupby(["group", "temperature"]).size().unstack(fill_value=0)
 # table computed from the same inputs is reused without loading a model; one computed
 # from other inputs is refused, naming what changed (`-p overwrite True` recomputes it).
 #
-# With several GPUs, the batches are shared among one worker process per GPU, and
-# `checkpoints` (a list, which the book passes on a host with several GPUs) forces those
-# checkpoints at once, one per GPU at a time, before this one's table is read.
+# `checkpoints` (a list: the book passes every checkpoint of the suite to its first run of
+# this chapter) forces those checkpoints here, before this one's table is read: the
+# reference's cache is read and the metrics compiled once for all of them, and the later
+# runs reuse their tables. With several GPUs, one checkpoint per GPU at a time; a single
+# checkpoint's batches are shared among one worker process per GPU.
 
 # %%
 if checkpoints:

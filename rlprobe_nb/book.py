@@ -93,8 +93,9 @@ def runs(P: params.Params, only: list[str] | None = None,
             base["overwrite"] = True
         if nb.stem == PER_CHECKPOINT:  # the RLVR run, then the placebo run (05's null)
             for i, ckpt in enumerate(wanted):
-                spread = i == 0 and "checkpoints" in declared and len(wanted) > 1 \
-                    and distributed.processes() > 1
+                # the first run forces every checkpoint: one process loads the reference's
+                # cache and compiles once (on several devices, one checkpoint per device)
+                spread = i == 0 and "checkpoints" in declared and len(wanted) > 1
                 extra = {"checkpoints": wanted} if spread else {}
                 out.append((nb, {**base, "checkpoint": ckpt, **extra}, f"{nb.stem}__{ckpt}"))
         else:
