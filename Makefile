@@ -43,7 +43,7 @@ demo: install
 
 test: install
 	bash scripts/ensure_browser.sh
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n 2 --dist loadfile --durations=15 tests
 
 # JupyterLab with the project's settings (jupyter_config/, added to your own): a chapter's
 # .py opens as a notebook, and saving it writes the .ipynb twin without outputs.

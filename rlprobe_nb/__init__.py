@@ -18,6 +18,14 @@ one subpackage per stage, imports only downward (a test checks the graph).
 
 __version__ = "0.1.0"
 
+import sys as _sys
+
+# altair checks chart specs with jsonschema, which imports the optional IRI grammar package
+# rfc3987_syntax where it is installed (JupyterLab's dependencies bring it); building that
+# grammar takes ~1.7 s of every kernel's start, for a string format no chart uses. Marked
+# absent here (unless already imported), jsonschema leaves its "iri" format unchecked.
+_sys.modules.setdefault("rfc3987_syntax", None)
+
 from rlprobe_nb.progress import in_kernel as _in_kernel
 from rlprobe_nb.progress import quiet_library_progress as _quiet
 

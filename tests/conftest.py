@@ -1,22 +1,39 @@
-"""Shared fixtures. ``small_book``: the whole book, run once per test session exactly as
-`make demo` runs it (python -m rlprobe_nb.book), on the demo suite shrunk to two
-checkpoints and a handful of problems, into a temporary results folder; the end-to-end
-tests read what a user reads from it (executed notebooks, HTML pages, tables)."""
+"""Shared fixtures, and how the session's work is shared out.
+
+``small_book``: the whole book, run once per test session exactly as `make demo` runs it
+(python -m rlprobe_nb.book), on the demo suite shrunk to four checkpoints and a handful of
+problems, into a temporary results folder; the end-to-end tests read what a user reads
+from it (executed notebooks, HTML pages, tables). It is built in the background from the
+session's start, once for all xdist workers (``session_book``), and read-only to its readers.
+
+Under pytest-xdist (`make test` runs two workers), each worker gets an equal share of the
+cores for torch's CPU threads (two workers each spinning two threads on two cores run
+slower than one), passed on to the notebooks' kernels through OMP_NUM_THREADS; tests are
+handed out a module at a time (``--dist loadfile`` in pyproject.toml), so a module's
+fixtures are built once and its tests that change shared files run one after another.
+"""
 
 import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import yaml
+import session_book
+import torch
 from tiny_models import tiny_llama
 
-from rlprobe_nb.suite import paths
 
-# two RLVR checkpoints and the placebo at each of their steps (chapter 05's external null)
-SMALL_CHECKPOINTS = ("rlvr_step_400", "rlvr_step_1200", "placebo_step_400", "placebo_step_1200")
+def pytest_configure(config):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
+        threads = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        os.environ.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        torch.set_num_threads(int(threads))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules that read the small book run after the others, so that its build (started
+    with the session) is done or nearly when they start. Otherwise the collected order."""
+    readers = {item.path for item in items if "small_book" in item.fixturenames}
+    items.sort(key=lambda item: item.path in readers)  # stable: a module stays together
 
 
 @pytest.fixture(scope="module")
@@ -29,35 +46,25 @@ def tiny(tmp_path_factory):
     return folder, model, tok
 
 
-def small_demo_params(root: Path) -> Path:
-    """The demo suite with two checkpoints and their placebos, 8 problems, short texts, and a selection rule
-    that keeps every problem (the point is the plumbing, not the science); one rollout per
-    problem at T = 1 for chapter 04's check on unselected draws."""
-    shutil.copytree(paths.params_dir() / "demo", root / "demo")
-    for f in (root / "demo").glob("*_step_*.yaml"):
-        if f.stem not in SMALL_CHECKPOINTS:
-            f.unlink()
-    suite_file = root / "demo" / "suite.yaml"
-    cfg = yaml.safe_load(suite_file.read_text())
-    cfg["problems"].update(n=8)
-    cfg["filtering"].update(n_samples=1, max_new_tokens=40, ref_max_pass=1.0, target_min_pass=0.0)
-    cfg["rollouts"].update(n_per_problem=2, max_new_tokens=40, temperatures=[0.7, 1.0])
-    cfg["forcing"].update(failure_types=["boxed_wrong", "empty_box", "no_box", "truncated"],
-                          max_rollouts=12)
-    cfg["counterfactuals"].update(n=2, max_points=2, positive_points=2, grid_points=3,
-                                  case_studies=1)
-    suite_file.write_text(yaml.safe_dump(cfg))
-    return root
+@pytest.fixture(scope="session", autouse=True)
+def small_book_build(request, tmp_path_factory):
+    """Starts the small book's build when the session starts, if a collected test reads
+    it (in one worker only: the first to claim it); at the end, waits for it to finish."""
+    book = session_book.layout(session_book.session_folder(tmp_path_factory))
+    wanted = any("small_book" in item.fixturenames for item in request.session.items)
+    build = session_book.start(book) if wanted else None
+    yield book
+    if build is not None:
+        build.finish(interrupted=bool(request.session.shouldstop or request.session.shouldfail))
 
 
 @pytest.fixture(scope="session")
-def small_book(tmp_path_factory):
-    root = tmp_path_factory.mktemp("book")
-    env = {**os.environ, "RLPROBE_OUT": str(root / "out"),
-           "RLPROBE_PARAMS": str(small_demo_params(root / "params"))}
-    done = subprocess.run([sys.executable, "-m", "rlprobe_nb.book"], env=env, cwd=paths.REPO_ROOT,
-                          capture_output=True, text=True, timeout=3000)
-    book = {"env": env, "out": root / "out", "data": root / "out" / "data" / "demo",
-            "figures": root / "out" / "figures" / "demo", "log": done.stdout + done.stderr}
-    assert done.returncode == 0, book["log"][-4000:]
-    return book
+def small_book(small_book_build):
+    """The built book: {"env", "out", "data", "figures", "log"}. Fails the session at its
+    end if a reader wrote into it."""
+    book = dict(small_book_build)
+    built = session_book.wait(book)
+    assert built["status"] == 0, book["log"][-4000:]
+    yield book
+    changed = session_book.changed_files(book, built["files"])
+    assert not changed, f"a test wrote into the shared small book: {changed[:10]}"

@@ -1,7 +1,8 @@
 """A suite may name placebo checkpoints (``run: placebo``): the same training with an
 uninformative reward, chapter 05's external null. They are forced like any checkpoint,
 matched to the RLVR checkpoint of the same step, and left out of what chapter 04 reads.
-The demo suite ships a placebo run: a placebo checkpoint at every step of its RLVR run."""
+The demo suite ships a placebo run: a placebo checkpoint at every step of its RLVR run.
+The notebooks' part is read from the session's small book, which forces two of them."""
 
 from __future__ import annotations
 
@@ -100,64 +101,36 @@ def test_a_placebo_cannot_be_the_target(demo_copy):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_notebook_03_forces_a_placebo_and_05_tests_against_it(tmp_path):
-    """A small suite (the demo's reference, its last RLVR checkpoint and the placebo at
-    that step) through 01, 02 and 03 for both checkpoints with papermill; the placebo's
-    token table is read only when asked for, and 05's external null uses it."""
-    import os
-    import sys
-
-    sys.path.insert(0, str(paths.REPO_ROOT / "tests"))
-    from mini_suite import write_problems, write_suite
-    from test_notebooks import outputs, papermill
+def test_notebook_03_forces_a_placebo_and_05_tests_against_it(small_book, monkeypatch):
+    """The session's small book (two RLVR checkpoints and the placebo at each of their
+    steps, run through 01, 02 and 03 for every checkpoint as `make demo` runs them): 03
+    forced each placebo; the placebo's token table is read only when asked for, and 05's
+    external null uses it."""
+    from test_notebooks import outputs
 
     from rlprobe_nb.spikes import chapter, detect, external
-    from rlprobe_nb.suite import gguf_cache
 
-    adapters = paths.shipped_dir("demo") / "adapters"
-    problems = write_problems(tmp_path / "problems.jsonl", [(12, 30), (7, 8), (25, 19), (41, 17)])
-    folder = tmp_path / "params" / "mini"
-    write_suite(folder, gguf_cache.demo_gguf_path(), problems, max_rollouts=8)
-    for name, run, adapter in (("rlvr_step_1200", "rlvr", "rlvr_step_1200"),
-                               ("placebo_step_1200", "placebo", "placebo_step_1200")):
-        (folder / f"{name}.yaml").write_text(yaml.safe_dump({
-            "step": 1200, "run": run,
-            "model": {"kind": "peft", "base": "dpo", "path": str(adapters / adapter)}}))
-    env = {**os.environ, "RLPROBE_OUT": str(tmp_path / "out"),
-           "RLPROBE_PARAMS": str(tmp_path / "params")}
-    runs = [("01_filtering", ()), ("02_rollouts", ()),
-            ("03_teacher_forcing", (("checkpoint", "placebo_step_1200"),)),
-            ("03_teacher_forcing", (("checkpoint", "rlvr_step_1200"),))]
-    for i, (nb, extra) in enumerate(runs):
-        out = tmp_path / f"{i}_{nb}.ipynb"
-        result = papermill(f"{nb}.ipynb", out, ("suite", "mini"), *extra, env=env)
-        assert result.returncode == 0, outputs(out)[-3000:]
-    text = outputs(tmp_path / "2_03_teacher_forcing.ipynb")
-    assert "checkpoint 'placebo_step_1200' (step 1200)" in text
-    assert "placebo_step_1200 vs dpo:" in text
-
-    old = {k: os.environ.get(k) for k in ("RLPROBE_OUT", "RLPROBE_PARAMS")}
-    os.environ.update(RLPROBE_OUT=env["RLPROBE_OUT"], RLPROBE_PARAMS=env["RLPROBE_PARAMS"])
-    try:
-        P = params.load("mini")
-        assert P.checkpoints == ["rlvr_step_1200"] and P.placebos == ["placebo_step_1200"]
-        tokens = suite_tables.read_tokens(P)
-        assert set(tokens.checkpoint) == {"rlvr_step_1200"}
-        placebo, nulls, used = external.suite_nulls(P, P.checkpoints)
-        assert set(placebo.checkpoint) == {"placebo_step_1200"}
-        assert used.null.tolist() == ["placebo_step_1200"]
-        # both runs were forced over the same contexts
-        assert set(placebo.context_id) == set(tokens.context_id)
-        tests = detect(tokens, nulls=nulls)
-        assert (tests.null == "placebo_step_1200").all() and tests.p.between(0, 1).all()
-        # 05's tables are keyed on the placebo's token table too: forced again, they go stale
-        tables = chapter.chapter_tables(P, tokens, used, dict.fromkeys(
-            ("q", "min_effect", "divergence", "group", "seed", "plants_per_size", "plant_runs")))
-        placebo_table = "tokens/placebo_step_1200__vs__dpo"
-        assert all(placebo_table in key["inputs"] for key in tables.keys.values())
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    for name in ("placebo_step_400", "placebo_step_1200"):
+        text = outputs(small_book["figures"] / f"03_teacher_forcing__{name}.ipynb")
+        assert f"checkpoint '{name}' (step {name.rsplit('_', 1)[1]})" in text
+        assert f"{name} vs dpo:" in text
+    for name in ("RLPROBE_OUT", "RLPROBE_PARAMS"):
+        monkeypatch.setenv(name, small_book["env"][name])
+    P = params.load("demo")
+    assert P.checkpoints == ["rlvr_step_400", "rlvr_step_1200"]
+    assert P.placebos == ["placebo_step_400", "placebo_step_1200"]
+    tokens = suite_tables.read_tokens(P)
+    assert set(tokens.checkpoint) == set(P.checkpoints)
+    tokens = tokens[tokens.reference == P.reference].reset_index(drop=True)
+    placebo, nulls, used = external.suite_nulls(P, P.checkpoints)
+    assert set(placebo.checkpoint) == set(P.placebos)
+    assert used.null.tolist() == P.placebos
+    # both runs were forced over the same contexts
+    assert set(placebo.context_id) == set(tokens.context_id)
+    tests = detect(tokens, nulls=nulls)
+    assert (tests.null == tests.checkpoint.map(P.placebo_for)).all() and tests.p.between(0, 1).all()
+    # 05's tables are keyed on the placebo's token tables too: forced again, they go stale
+    tables = chapter.chapter_tables(P, tokens, used, dict.fromkeys(
+        ("q", "min_effect", "divergence", "group", "seed", "plants_per_size", "plant_runs")))
+    for name in P.placebos:
+        assert all(f"tokens/{name}__vs__dpo" in key["inputs"] for key in tables.keys.values())
