@@ -71,7 +71,7 @@ print(f"suite {P.suite!r}: checkpoint {P.checkpoint!r} (step {P.steps[P.checkpoi
 # rollouts sampled at temperature 1 whatever their outcome, drawn first by a lot that never
 # reads the outcome: plain draws from the reference, on which chapter 04 checks the KL
 # estimators. `forcing.max_rollouts` caps each group with a seeded draw stratified by
-# temperature and problem.
+# temperature and problem (`forcing.group_max_rollouts` gives a group its own cap).
 
 # %%
 CHOSEN = forcing_plan.choose(ROLLOUTS, SELECTION, P)

@@ -51,6 +51,7 @@ def small_demo_params(root: Path) -> Path:
     cfg["filtering"].update(n_samples=1, max_new_tokens=40, ref_max_pass=1.0, target_min_pass=0.0)
     cfg["rollouts"].update(n_per_problem=2, max_new_tokens=40, temperatures=[0.7, 1.0])
     cfg["forcing"].update(failure_types=["boxed_wrong", "empty_box", "no_box", "truncated"],
+                          group_max_rollouts={},
                           max_rollouts=12)
     cfg["counterfactuals"].update(n=2, max_points=2, positive_points=2, grid_points=3,
                                   case_studies=1)

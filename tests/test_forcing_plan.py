@@ -52,10 +52,15 @@ def test_stratified_cap_keeps_every_temperature_and_problem():
 
 def test_choose_caps_each_group_and_refuses_an_empty_target():
     P = params.load("demo")
-    P.forcing.max_rollouts = 3
+    P.forcing.max_rollouts, P.forcing.group_max_rollouts = 3, {}
     chosen = forcing_plan.choose(rollouts(), SELECTION, P)
     assert chosen.groupby("group").size().to_dict() == {"control": 3, "ref_right": 3, "target": 3,
                                                         "t1_unselected": 3}
+    # a group's own cap wins over max_rollouts; the other groups keep theirs
+    P.forcing.group_max_rollouts = {"ref_right": 1, "t1_unselected": 2}
+    chosen = forcing_plan.choose(rollouts(), SELECTION, P)
+    assert chosen.groupby("group").size().to_dict() == {"control": 3, "ref_right": 1, "target": 3,
+                                                        "t1_unselected": 2}
     P.forcing.failure_types = ["imported"]
     with pytest.raises(ValueError, match="no target rollouts.*truncated"):
         forcing_plan.choose(rollouts(), SELECTION, P)
@@ -64,7 +69,7 @@ def test_choose_caps_each_group_and_refuses_an_empty_target():
 def test_t1_unselected_draws_temperature_1_rollouts_blind_to_their_outcome():
     P = params.load("demo")
     assert "t1_unselected" in P.forcing.groups
-    P.forcing.max_rollouts = 4
+    P.forcing.max_rollouts, P.forcing.group_max_rollouts = 4, {}
     df = rollouts()
     t1_rows = df.temperature == 1.0  # every outcome among the T = 1 rollouts
     kinds = ["truncated", "correct", "no_box", "boxed_wrong"]

@@ -185,6 +185,11 @@ def test_parameters_of_their_declared_types_pass():
     ("suite.yaml", lambda d: d["forcing"].update(pairs=[["rlvr_step_1200", "rlvr_step_400"]] * 2),
      "'forcing.pairs': [['rlvr_step_1200', 'rlvr_step_400']] appear more than once"),
     ("suite.yaml", lambda d: d.update(target=d["reference"]), "'reference' and 'target' are both"),
+    ("suite.yaml", lambda d: d["forcing"].update(group_max_rollouts={"traget": 5}),
+     "'traget' is not one of"),
+    ("suite.yaml", lambda d: d["forcing"].update(group_max_rollouts={"target": 0}),
+     "outside the allowed range"),
+    ("suite.yaml", lambda d: d["forcing"].update(group_max_rollouts=[5]), "expected a mapping"),
     ("rlvr_step_400.yaml", lambda d: d.update(step=-400), "is negative"),
     ("rlvr_step_400.yaml", lambda d: d.update(step=800), "share step 800"),
 ])

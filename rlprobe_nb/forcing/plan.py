@@ -18,7 +18,7 @@ What is forced, by group (``forcing.groups``), so every effect has a contrast:
              and the other groups draw from the rest.
 ``forcing.max_rollouts`` caps each group with a seeded draw stratified by temperature and
 problem, so no temperature and no problem is dropped while others are kept whole;
-``forcing.max_unselected`` caps ``t1_unselected`` on its own where it is set.
+``forcing.group_max_rollouts`` gives a group its own cap.
 
 Devices (``distributed``): a forward is shared among the worker processes batch by batch,
 models loading in the workers; ``force_checkpoints`` spreads several checkpoints over the
@@ -95,16 +95,19 @@ def unselected_draw(rollouts: pd.DataFrame, selection: pd.DataFrame, limit: int 
     return stratified(pool, limit, seed_from(seed, UNSELECTED))
 
 
+def cap(F, group: str) -> int | None:
+    """The most rollouts ``group`` forces: its own cap, else ``max_rollouts``."""
+    return F.group_max_rollouts.get(group, F.max_rollouts)
+
+
 def choose(rollouts: pd.DataFrame, selection: pd.DataFrame, P: Params) -> pd.DataFrame:
     """The rollouts to force, each with its ``group``, in a stable order."""
     F = P.forcing
     grouped = assign_groups(rollouts, selection, F.failure_types)
     if UNSELECTED in F.groups:  # first, so the outcome never decides what it draws
-        cap = F.max_rollouts if F.max_unselected is None else F.max_unselected
-        drawn = unselected_draw(rollouts, selection, cap, F.seed)
+        drawn = unselected_draw(rollouts, selection, cap(F, UNSELECTED), F.seed)
         grouped.loc[drawn.index, "group"] = UNSELECTED
-    parts = [stratified(grouped[grouped["group"] == g], F.max_rollouts, F.seed)
-             for g in F.groups]
+    parts = [stratified(grouped[grouped["group"] == g], cap(F, g), F.seed) for g in F.groups]
     chosen = pd.concat(parts) if parts else grouped.iloc[:0]
     if not (chosen["group"] == "target").any() and "target" in F.groups:
         found = grouped.loc[grouped["problem_id"].map(

@@ -72,9 +72,9 @@ class ForcingParams:
     failure_types: list[str] = field(default_factory=lambda: ["boxed_wrong", "empty_box",
                                                               "no_box"])
     max_rollouts: Optional[int] = None  # per group, stratified by temperature and problem
-    # t1_unselected's own cap (None: max_rollouts): chapter 04's check needs fewer draws
-    # than the groups it compares
-    max_unselected: Optional[int] = None
+    # a group's own cap instead, e.g. {t1_unselected: 15}: a control group or chapter 04's
+    # T = 1 check may need fewer rollouts than the target group
+    group_max_rollouts: dict[str, int] = field(default_factory=dict)
     seed: int = 0  # of the stratified draw under max_rollouts
     batch_tokens: int = 4096
     chunk_positions: int = 256
@@ -134,6 +134,7 @@ CHOICES = {
     "rollouts.source": ("generate", "prior"),
     # t1_unselected: chapter 04's T = 1 control (forcing.plan), needs 1.0 in the temperatures
     "forcing.groups": ("target", "ref_right", "control", "t1_unselected"),
+    "forcing.group_max_rollouts": ("target", "ref_right", "control", "t1_unselected"),
     "forcing.failure_types": ("correct", "boxed_wrong", "empty_box", "no_box", "truncated",
                               "imported"),
     "forcing.context_policy": ("skip", "error"),
@@ -159,7 +160,7 @@ RANGES = {
     "rollouts.max_new_tokens": (1, None), "rollouts.batch_size": (1, None),
     "forcing.batch_tokens": (1, None), "forcing.chunk_positions": (1, None),
     "forcing.topk": (1, 1000), "forcing.max_rollouts": (1, None),
-    "forcing.max_unselected": (1, None),
+    "forcing.group_max_rollouts": (1, None),
     "counterfactuals.n": (1, 10000), "counterfactuals.max_points": (1, None),
     "counterfactuals.grid_points": (2, None), "counterfactuals.case_studies": (0, None),
     "counterfactuals.temperature": (0.0, 10.0), "counterfactuals.max_new_tokens": (1, None),
@@ -199,7 +200,8 @@ def _check_list(value: Any, dotted: str, where: str) -> None:
 
 def _check_range(value: Any, dotted: str, where: str) -> None:
     bounds = RANGES.get(dotted)
-    values = value if isinstance(value, list) else [value]
+    values = list(value.values()) if isinstance(value, dict) else \
+        value if isinstance(value, list) else [value]
     for v in values:
         if isinstance(v, float) and not math.isfinite(v):
             raise ParamsError(f"{where}: {v!r} is not a finite number")
@@ -255,6 +257,12 @@ def check_type(value: Any, tp: Any, where: str) -> Any:
         if value is None:
             return None
         return check_type(value, args[0], where)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ParamsError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}")
+        key_type, value_type = typing.get_args(tp)
+        return {check_type(k, key_type, f"{where} (a key)"): check_type(v, value_type, f"{where}[{k!r}]")
+                for k, v in value.items()}
     if origin is list:
         if not isinstance(value, list):
             raise ParamsError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
@@ -296,7 +304,7 @@ def build_section(cls, raw: Any, source: str, section: str, base=None):
         where = f"{source}: key '{section}.{key}'"
         value = check_type(value, hints[key], where)
         choices = CHOICES.get(f"{section}.{key}")
-        for v in value if isinstance(value, list) and choices else [value]:
+        for v in value if isinstance(value, (list, dict)) and choices else [value]:  # a mapping's keys
             if choices and v not in choices:
                 raise ParamsError(f"{where}: {v!r} is not one of {list(choices)}")
         _check_range(value, f"{section}.{key}", where)
