@@ -130,6 +130,15 @@ def wait(book: dict) -> dict:
     return json.loads(done.read_text())
 
 
+def private_copy(book: dict, root: Path) -> dict:
+    """A copy of the book's tables and parameters that a test may write into (a notebook
+    run on it writes its figures there too); the session's book stays as it was built."""
+    shutil.copytree(book["out"] / "data", root / "out" / "data")
+    shutil.copytree(book["env"]["RLPROBE_PARAMS"], root / "params")
+    env = {**book["env"], "RLPROBE_OUT": str(root / "out"), "RLPROBE_PARAMS": str(root / "params")}
+    return {"root": root, "env": env, "data": root / "out" / "data" / "demo"}
+
+
 def snapshot(folder: Path) -> dict[str, list[int]]:
     """Every file under ``folder``: [size, modification time in ns]."""
     return {str(p.relative_to(folder)): [p.stat().st_size, p.stat().st_mtime_ns]

@@ -3,12 +3,12 @@ copy of the shrunk whole book (the session's small book), an unchanged rerun reu
 table in one line; a changed source file or a changed input table is refused by name,
 before any work; -p overwrite True recomputes. (Chapters 01 to 03: test_staleness.py.)"""
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import session_book
 from test_notebooks import outputs, papermill
 from test_staleness import changed_code, edit_yaml
 
@@ -24,12 +24,7 @@ CHAPTERS = {"04_divergence": "divergence/summary.py", "05_spikes": "spikes/stati
 def book(small_book, tmp_path_factory):
     """A private copy of the shrunk book's results and parameters (the session's own copy
     stays as the book wrote it)."""
-    root = tmp_path_factory.mktemp("stale_book")
-    shutil.copytree(small_book["out"] / "data", root / "out" / "data")
-    shutil.copytree(small_book["env"]["RLPROBE_PARAMS"], root / "params")
-    env = {**small_book["env"], "RLPROBE_OUT": str(root / "out"),
-           "RLPROBE_PARAMS": str(root / "params")}
-    return {"root": root, "env": env, "data": root / "out" / "data" / "demo"}
+    return session_book.private_copy(small_book, tmp_path_factory.mktemp("stale_book"))
 
 
 def run_chapter(book, notebook, *extra, env=None) -> tuple[bool, str]:

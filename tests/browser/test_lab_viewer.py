@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import session_book
 from browser_harness import headless_chromium, pixel_spread, require_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -262,8 +263,9 @@ def test_a_chart_of_04_shows_its_tooltip_in_jupyterlab(small_book, tmp_path, mon
     from lab_server import lab_server
 
     require_browser()
+    copy = session_book.private_copy(small_book, tmp_path / "book")  # 04 writes its figures
     for name in ("RLPROBE_OUT", "RLPROBE_PARAMS"):
-        monkeypatch.setenv(name, small_book["env"][name])
+        monkeypatch.setenv(name, copy["env"][name])
     with lab_server(REPO, tmp_path / "lab", args=("--LabApp.expose_app_in_browser=True",)) as lab, \
             headless_chromium(tmp_path, width=1280, height=900) as (context, guard):
         page = context.new_page()
