@@ -215,10 +215,11 @@ else:
 
 # %%
 cases = plan.case_studies(POINTS, C.case_studies)
+POSITIVE_MODELS = {checkpoint, P.reference} & set(policies)  # the placebo: main points only
 PLAN = plan.build(POINTS, CONTROLS, TOK, ROLLOUTS, policies, case_study_ids=cases,
                   grid_points=C.grid_points, special=special,
                   grid_models={checkpoint, P.reference},
-                  positive_models={checkpoint, P.reference})
+                  positive_models=POSITIVE_MODELS)
 cost = plan.cost(PLAN, C.n, max_new_tokens, C.continuation_tokens)
 print(f"to sample: {cost.continuations.sum():,} continuations ({cost.contexts.sum()} distinct "
       f"contexts x n = {C.n}) at T = {C.temperature}, at most "
@@ -269,7 +270,7 @@ POSITIVE_EFFECTS["statement"] = POSITIVE_EFFECTS.result_is_answer.map(
     {True: "its true value is the answer", False: "another result"}).fillna("answer unknown")
 POSITIVE_SUMMARY = branching.summary(POSITIVE_EFFECTS, None, by="statement", n_boot=n_boot,
                                      seed=C.seed)
-for model in policies:
+for model in sorted(POSITIVE_MODELS):
     print(narrative.positive_line(POSITIVE_SUMMARY, model))
     print("\n".join(["  by the wrong statement:"]
                     + narrative.group_lines(POSITIVE_SUMMARY, model, "first wrong digits")))
@@ -298,7 +299,11 @@ MAIN_EFFECTS = branching.effects(BRANCHES[BRANCHES.kind == "point"], arm="top1")
 CONTROL_EFFECTS = branching.effects(BRANCHES[BRANCHES.kind == "control"], arm="top1")
 SUMMARY = branching.summary(MAIN_EFFECTS, CONTROL_EFFECTS, by="rule", n_boot=n_boot, seed=C.seed)
 for model in policies:
-    print(narrative.positive_line(POSITIVE_SUMMARY, model))
+    if model in POSITIVE_MODELS:
+        print(narrative.positive_line(POSITIVE_SUMMARY, model))
+    else:
+        print(f"positive control ({model}): not run for this policy (it continues the main "
+              f"points and their controls only); {checkpoint}'s is above")
     print("\n".join(narrative.main_lines(SUMMARY, model, alternative_of=checkpoint)
                     + ["  by the rule that picked them:"] + narrative.group_lines(SUMMARY, model)))
 SHOWN = reporting.with_interval_text(SUMMARY, "mean", "low", "high", "problems", signed=True)

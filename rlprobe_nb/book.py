@@ -8,11 +8,14 @@ checkpoint), each executed notebook and its HTML export under figures/<suite>/.
     python -m rlprobe_nb.book --overwrite     # recompute tables whose inputs changed
     python -m rlprobe_nb.book --prepare       # one-time set-up (convert the demo GGUF)
 
-Notebooks skip work whose tables are already complete, so a second run is quick.
+Notebooks skip work whose tables are already complete, so a second run is quick. The
+first run of 03 forces every checkpoint (the reference's cache read and the metrics
+compiled once in its kernel); the later runs of 03 only read their tables and draw their
+pages, two at a time (``waves``: kernel start, imports and page export keep one core busy).
 
 Several GPUs: the sharded stages (sampling in 01/02, teacher forcing in 03) start one
-worker process per GPU (``distributed``); the first run of 03 forces every checkpoint at
-once, one per GPU at a time, and the later ones reuse the tables. From a shell,
+worker process per GPU (``distributed``); the first run of 03 forces the checkpoints one
+per GPU at a time. From a shell,
 ``accelerate launch --multi_gpu --num_processes N -m rlprobe_nb.book ...`` does the same:
 rank 0 runs the book with N workers per stage, the other ranks exit.
 
@@ -43,6 +46,7 @@ notebook says it reused a complete table are repeated in the run's report.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import os
 import re
 import sys
@@ -287,6 +291,29 @@ def _keep_failed(tmp: Path, failed: Path) -> Path | None:
     return failed
 
 
+# The runs of 03 after one that forced every checkpoint only read their tables and draw
+# their pages: kernel start, imports and charts, mostly on one core. Two at a time.
+READERS_AT_ONCE = 2
+
+
+def waves(plan: list[tuple[Path, dict, str]]) -> list[list[int]]:
+    """The plan's runs (indices) in order, grouped into what runs at once: one at a time,
+    except the runs of 03 that follow a run forcing every checkpoint (``checkpoints``),
+    ``READERS_AT_ONCE`` at a time."""
+    out: list[list[int]] = []
+    readers: set[int] = set()
+    forced = False
+    for i, (nb, parameters, _) in enumerate(plan):
+        if forced and nb.stem == PER_CHECKPOINT and "checkpoints" not in parameters:
+            readers.add(i)
+        if i in readers and out and out[-1][0] in readers and len(out[-1]) < READERS_AT_ONCE:
+            out[-1].append(i)
+        else:
+            out.append([i])
+        forced = forced or "checkpoints" in parameters
+    return out
+
+
 def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path,
             pages: list[navigation.Page] | None = None) -> tuple[float, list[str]]:
     """Execute ``nb`` into ``out_dir/<stem>.ipynb`` and export it; returns the seconds taken
@@ -388,20 +415,26 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter()
     print(f"rlprobe_nb: suite {P.suite!r}, {len(plan)} notebook runs")
     needs_network = {}
-    for i, (nb, parameters, stem) in enumerate(plan, 1):
-        extra = f" (checkpoint {parameters['checkpoint']})" if "checkpoint" in parameters else ""
-        print(f"[{i}/{len(plan)}] {nb.name}{extra} ...", flush=True)
-        try:
-            seconds, problems = run_one(nb, parameters, stem, out_dir, pages)
-        except NotebookFailed as failure:
-            report_failure(failure, out_dir, stem)
-            write_index(P, pages)
-            return 1
-        for line in reused_lines(out_dir / f"{stem}.ipynb"):
-            print(f"      {line}")
-        print(f"      done in {seconds:.1f} s -> {out_dir / stem}.html", flush=True)
-        if problems:
-            needs_network[f"{out_dir / stem}.html"] = problems
+    for wave in waves(plan):
+        for i in wave:
+            nb, parameters, _ = plan[i]
+            extra = f" (checkpoint {parameters['checkpoint']})" if "checkpoint" in parameters else ""
+            print(f"[{i + 1}/{len(plan)}] {nb.name}{extra} ...", flush=True)
+        with cf.ThreadPoolExecutor(len(wave)) as pool:
+            done = [pool.submit(run_one, *plan[i], out_dir, pages) for i in wave]
+        for i, result in zip(wave, done):
+            stem = plan[i][2]
+            try:
+                seconds, problems = result.result()
+            except NotebookFailed as failure:
+                report_failure(failure, out_dir, stem)
+                write_index(P, pages)
+                return 1
+            for line in reused_lines(out_dir / f"{stem}.ipynb"):
+                print(f"      {line}")
+            print(f"      done in {seconds:.1f} s -> {out_dir / stem}.html", flush=True)
+            if problems:
+                needs_network[f"{out_dir / stem}.html"] = problems
     index = write_index(P, pages)
     minutes = (time.perf_counter() - total) / 60
     print(f"\nThe book ran in {minutes:.1f} min.")

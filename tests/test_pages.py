@@ -215,6 +215,24 @@ def test_the_checkpoint_option_keeps_only_those_runs_of_03(monkeypatch, capsys):
     assert "rlvr_step_1300" in said and "rlvr_step_1200" in said, "names the valid checkpoints"
 
 
+def test_the_first_run_of_03_forces_every_checkpoint_and_the_rest_read_two_at_a_time(monkeypatch):
+    monkeypatch.delenv("RLPROBE_SUITE", raising=False)
+    P = params.load("demo")
+    plan = book.runs(P)
+    first = next(i for i, (nb, _, _) in enumerate(plan) if nb.stem == book.PER_CHECKPOINT)
+    assert plan[first][1]["checkpoints"] == P.forced
+    assert all("checkpoints" not in p for _, p, _ in plan[first + 1:])
+    waves = book.waves(plan)
+    assert [i for wave in waves for i in wave] == list(range(len(plan))), "every run, in order"
+    readers = [w for w in waves if len(w) > 1]
+    assert readers and all(len(w) == book.READERS_AT_ONCE for w in readers[:-1])
+    assert {plan[i][0].stem for w in readers for i in w} == {book.PER_CHECKPOINT}
+    assert [first] in waves, "the run that forces every checkpoint runs alone"
+    # one checkpoint asked for: nothing is forced ahead, everything runs alone
+    alone = book.runs(P, ["03"], checkpoints=["rlvr_step_1200"])
+    assert book.waves(alone) == [[0]] and "checkpoints" not in alone[0][1]
+
+
 def test_the_lab_styles_move_to_one_file_beside_the_pages(tmp_path):
     from rlprobe_nb.pages import page_styles
 
