@@ -34,7 +34,8 @@ MARK_POINT = r"""([c, m]) => {
   const sized = [...g.children].filter(e => ['path', 'line', 'rect', 'text', 'circle'].includes(e.tagName))
     .map(e => ({e, box: e.getBoundingClientRect()})).filter(x => x.box.width > 0 || x.box.height > 0);
   if (!sized.length) return null;
-  const e = sized[Math.floor(sized.length / 2)].e;
+  // the layer's largest item, as a reader would hover it (a bar near zero is a sliver)
+  const e = sized.reduce((a, b) => b.box.width * b.box.height > a.box.width * a.box.height ? b : a).e;
   e.scrollIntoView({block: 'center', inline: 'center'});
   const box = e.getBoundingClientRect(), ctm = e.getScreenCTM();
   const screen = (px, py) => [ctm.a * px + ctm.c * py + ctm.e, ctm.b * px + ctm.d * py + ctm.f];
