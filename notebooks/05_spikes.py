@@ -44,6 +44,7 @@ from rlprobe_nb.spikes import (
                                   external,
                                   narrative,
                                   onsets,
+                                  placebo_plants,
                                   plants,
                                   spike_rates,
                                   summary,
@@ -92,9 +93,11 @@ TABLES = chapter.chapter_tables(P, TOKENS, NULL_USED, {
 # T = the larger of the standardised divergence and the standardised change of the
 # written token's log-odds (either way), is computed for both; the context's p-value is the
 # placebo's share of contexts with a larger T, continued beyond the placebo's 95th
-# percentile by an exponential tail. Assumed: without the reward's information the
-# checkpoint would depart like the placebo (the runs differ only in their reward), and
-# the null's far tail is no heavier than exponential.
+# percentile by a generalized Pareto tail fitted to every placebo T above its 80th
+# percentile (its shape at the upper end of its 95% interval: the placebo's far tail is
+# heavier than exponential early in training, and a lighter tail would call its own
+# outliers spikes). Assumed: without the reward's information the checkpoint would depart
+# like the placebo (the runs differ only in their reward).
 #
 # **The internal null** is the fallback where no placebo exists: the same model fitted on
 # the checkpoint's *own* departures at other problems' contexts (cross-fitting by problem),
@@ -164,6 +167,27 @@ views.show(charts.calibration_chart(pvalues), save_as=figures / "05_calibration"
 
 # %%
 charts.calibration_table(pvalues)
+
+# %% [markdown]
+# ### Plants in the placebo's own table
+#
+# A placebo holds no information about correctness: tested as an RLVR checkpoint is
+# tested, against a placebo's departures, it should give no spikes, and with rejections
+# planted in it, the spikes should be the plants. The suite has one placebo run, so the
+# placebo's null is the placebo on other problems: its problems split at random into two
+# halves, each tested against the other, plants (the sizes and density above) in the
+# tested half. "Other per split" counts the spikes outside the plants over both halves;
+# "unplanted per split" the placebo's spikes with nothing planted, the placebo tested as
+# if it were the RLVR run.
+
+# %%
+PLACEBO_PLANTS = TABLES.get("spike_placebo_plants", placebo_plants.placebo_plant_check, PLACEBO,
+                            sizes=(-1.0, -3.0), n=plants_per_size, splits=plant_runs, seed=seed,
+                            q=q, min_effect=min_effect, divergence=divergence)
+table.shown(PLACEBO_PLANTS, "the suite has no placebo run")
+
+# %%
+Markdown(narrative.say_placebo_plants(PLACEBO_PLANTS, SUMMARY, q))
 
 # %% [markdown]
 # The share of spikes among the distinct contexts of each contrast group: the reference's

@@ -136,3 +136,11 @@ def test_notebook_03_forces_a_placebo_and_05_tests_against_it(small_book, monkey
     assert len(keys) >= 8, "05 wrote its tables"
     for name in P.placebos:
         assert all(f"tokens/{name}__vs__dpo" in key["inputs"] for key in keys)
+    # 05 planted in the placebo's own tables, half of its problems against the other half
+    import nbformat
+
+    nb = nbformat.read(small_book["figures"] / "05_spikes.ipynb", as_version=4)
+    said = [o.get("data", {}).get("text/markdown", "") for c in nb.cells for o in c.get("outputs", [])]
+    assert any(m.startswith("Planted in the placebo's own tables") for m in said)
+    text = outputs(small_book["figures"] / "05_spikes.ipynb")
+    assert text.count("the other half of its problems") == 2 * len(P.placebos)

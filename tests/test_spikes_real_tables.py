@@ -18,9 +18,11 @@ On the shipped demo suite, whether or not a placebo run is used:
 * calibration on real null-vs-null data: the problems of one table split into halves,
   each half the external null of the other.
 
-With the suite's placebo checkpoints, the placebo checks: recall with the placebo null, false discoveries in planted placebo tables, the
-placebo tested as if it were the RLVR run, placebo-vs-placebo calibration, and the known
-answer (first wrong result digits rejected, their onset at the accuracy separation).
+With the suite's placebo checkpoints, the placebo checks: recall with the placebo null;
+false discoveries in planted placebo tables and the placebo tested as if it were the RLVR
+run, each against a placebo (half of the placebo's problems against the other half:
+``spikes.placebo_plants``); placebo-vs-placebo calibration; and the known answer (first
+wrong result digits rejected, their onset at the accuracy separation).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlprobe_nb.spikes import detect, external, onsets, plants
+from rlprobe_nb.spikes import detect, external, onsets, placebo_plants, plants
 from rlprobe_nb.suite import params
 from rlprobe_nb.tables import storage, suite_tables
 
@@ -135,34 +137,37 @@ def test_placebo_null_finds_three_nat_plants_at_every_checkpoint(placebo_suite):
     assert (check[check.d == -3.0].recall >= 0.8).all()
 
 
-def test_plants_in_placebo_tables_bring_few_false_discoveries(placebo_suite):
-    """A placebo holds no real signal: planted in its table and tested as a checkpoint
-    without a placebo would be (the internal null), discoveries outside the plants are at
-    most 10% of all discoveries."""
-    s = placebo_suite
-    check = plants.plant_check(s["placebo"], None, sizes=(-3.0, -6.0), n=10, runs=3)
-    found = check.groupby("checkpoint").agg(found=("found", "sum"), other=("other_per_run", "first"))
-    print("\nplants in the placebo tables, internal null:\n" + check.to_string())
-    other = found.other * 3
-    assert (other <= 0.1 * (other + found.found)).all(), found
+@pytest.fixture(scope="module")
+def placebo_plants_check(placebo_suite):
+    check = placebo_plants.placebo_plant_check(placebo_suite["placebo"], sizes=(-1.0, -3.0),
+                                               n=10, splits=3)
+    print("\nplants in the placebo tables, half of its problems against the other half:\n"
+          + check.to_string())
+    return check
 
 
-def test_the_placebo_tested_as_the_rlvr_run_finds_a_tenth_of_its_discoveries(placebo_suite):
+def test_plants_in_placebo_tables_bring_few_false_discoveries(placebo_plants_check):
+    """A placebo holds no information about correctness: planted in its table and tested
+    against a placebo's departures (the other half of its problems), discoveries outside
+    the plants are at most 10% of all discoveries, at every step."""
+    per = placebo_plants_check.drop_duplicates("checkpoint")
+    assert len(per) == 5 and (placebo_plants_check.found > 0).all()
+    assert (per.other_share <= 0.1).all(), per
+
+
+def test_the_placebo_tested_as_the_rlvr_run_finds_a_tenth_of_its_discoveries(
+        placebo_suite, placebo_plants_check):
+    """The placebo tested as the RLVR run is (against a placebo: the other half of its
+    problems, both halves, every context once), beside the RLVR run's discoveries against
+    its placebo at the same step: at most a tenth of them, at every step."""
     s = placebo_suite
     real = detect(s["tokens"], nulls=s["nulls"])
-    as_rlvr = detect(s["placebo"])  # no null outside it: the internal null
-    by_step = lambda t: t[t.significant].groupby("step").context_id.nunique()  # noqa: E731
-    real_n, placebo_n = by_step(real), by_step(as_rlvr).reindex(by_step(real).index, fill_value=0)
+    real_n = real[real.significant].groupby("step").context_id.nunique()
+    per = placebo_plants_check.drop_duplicates("checkpoint").set_index("step")
+    real_n = real_n.reindex(per.index, fill_value=0)
     print(f"\ndiscoveries by step, real run (placebo null): {real_n.to_dict()}; placebo as if "
-          f"RLVR (internal null): {placebo_n.to_dict()}")
-    steps = [s["P"].steps[c] for c in s["nulls"]]
-    real_n = real_n.reindex(steps, fill_value=0)
-    placebo_n = by_step(as_rlvr).reindex(steps, fill_value=0)
-    # a tenth of the real run's discoveries, at every step where a tenth is at least one
-    # discovery (below 10 real ones a single placebo discovery is already more), and in all
-    counted = real_n >= 10
-    assert (placebo_n[counted] <= 0.1 * real_n[counted]).all()
-    assert placebo_n.sum() <= 0.1 * real_n.sum()
+          f"RLVR (half against half, per split): {per.unplanted_per_split.to_dict()}")
+    assert (per.unplanted_per_split <= 0.1 * real_n).all()
     assert real_n.iloc[-1] > 0
 
 
@@ -189,7 +194,8 @@ def test_the_known_answer(placebo_suite):
     at = tests[tests.step == last].drop_duplicates(["context_id", "token_id"]).set_index(
         ["context_id", "token_id"])
     hit = at.reindex(pd.MultiIndex.from_frame(wrong[["context_id", "token_id"]]))
-    share = (hit.significant.astype(bool) & (hit.sign == "rejects")).mean()
+    significant = hit.significant.astype(bool)
+    share, lowering = significant.mean(), (hit.dlogp[significant] < 0).mean()
     table = onsets.departure_table(onsets.departures(tokens, s["placebo"]), labels)
     found = onsets.onsets(table).query("scheme == 'ground_truth'").set_index("category")
     accuracy = suite_tables.accuracy_table(P)
@@ -198,8 +204,10 @@ def test_the_known_answer(placebo_suite):
     steps = [P.steps[c] for c in P.checkpoints]
     onset = found.onset_step.get("result_first_wrong")
     print(f"\nknown answer: {len(wrong)} first-wrong contexts at step {last}, {share:.2f} are "
-          f"rejecting spikes; result_first_wrong onset {onset}, format onset "
+          f"spikes, {lowering:.2f} of those lower the written token's probability "
+          f"({(hit.sign[significant] == 'rejects').mean():.2f} reject it); result_first_wrong "
+          f"onset {onset}, format onset "
           f"{found.onset_step.get('format')}, accuracy separates at {separation}")
-    assert len(wrong) >= 10 and share >= 0.5
+    assert len(wrong) >= 10 and share >= 0.5 and lowering >= 0.75
     assert separation is not None and not pd.isna(onset)
     assert abs(steps.index(int(onset)) - steps.index(separation)) <= 1

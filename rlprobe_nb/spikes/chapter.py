@@ -23,6 +23,7 @@ SETTINGS_OF = {
     "spike_tests": _TEST, "spikes": _TEST, "spike_regions": _TEST,
     "spike_plants": _TEST + ("plants_per_size", "plant_runs"),
     "spike_plant_ranks": ("divergence", "seed", "plants_per_size"),
+    "spike_placebo_plants": _TEST + ("plants_per_size", "plant_runs"),
     "spike_calibration": ("q", "divergence", "seed"),
     "spike_label_departures": ("group", "seed"),
     "spike_placebo_departures": ("group", "seed"),

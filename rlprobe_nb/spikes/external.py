@@ -76,7 +76,7 @@ def external_test(contexts: pd.DataFrame, written: pd.DataFrame, null_contexts: 
                                len(null_contexts))
     z_div, z_w = fitted.scores(contexts, written)
     stat = context_statistic(z_div, z_w, written["ctx"].to_numpy(), len(contexts))
-    tail = TailModel.from_training(t_null, *tail_from, confidence=confidence)
+    tail = TailModel.from_null(t_null, *tail_from, confidence=confidence)
     facts = {"null_contexts": len(null_contexts),
              "null_t_median": float(np.median(t_null)),
              "null_t_99": float(np.quantile(t_null, 0.99)), "tail_rate": tail.rate}
@@ -113,6 +113,21 @@ def suite_nulls(P, checkpoints: list[str]) -> tuple[pd.DataFrame, dict, pd.DataF
     return placebo, nulls, pd.DataFrame(rows)
 
 
+def problem_halves(tokens: pd.DataFrame, splits: int = 10, seed: int = 0):
+    """``splits`` random halvings of a table's problems: yields (half, other half) and
+    (other half, half) for each, as row masks of ``tokens``."""
+    from rlprobe_nb.statistics import seed_from
+
+    problems = np.array(sorted(tokens.problem_id.unique()))
+    if len(problems) < 4:
+        raise ValueError(f"{len(problems)} problems: too few to split into two halves of two or more")
+    for k in range(splits):
+        rng = np.random.default_rng(seed_from("halves", seed, k))
+        half = tokens.problem_id.isin(rng.choice(problems, len(problems) // 2, replace=False))
+        yield half.to_numpy(), ~half.to_numpy()
+        yield ~half.to_numpy(), half.to_numpy()
+
+
 def halves_pvalues(tokens: pd.DataFrame, splits: int = 10, seed: int = 0,
                    divergence: str = "jeffreys") -> np.ndarray:
     """p-values of a null tested against a null: the problems of one checkpoint's table
@@ -121,18 +136,11 @@ def halves_pvalues(tokens: pd.DataFrame, splits: int = 10, seed: int = 0,
     halves but their problems, so the p-values should be uniform: this checks the
     external null's calibration on real departures (same contexts are not needed)."""
     from rlprobe_nb.spikes.detector import frames
-    from rlprobe_nb.statistics import seed_from
 
-    problems = np.array(sorted(tokens.problem_id.unique()))
-    if len(problems) < 4:
-        raise ValueError(f"{len(problems)} problems: too few to split into two halves of two or more")
     out = []
-    for k in range(splits):
-        rng = np.random.default_rng(seed_from("halves", seed, k))
-        half = tokens.problem_id.isin(rng.choice(problems, len(problems) // 2, replace=False))
-        a, b = frames(tokens[half], divergence), frames(tokens[~half], divergence)
-        for (_, c, w), (_, nc, nw) in ((a, b), (b, a)):
-            out.append(external_test(c, w, nc, nw)[0].p.to_numpy())
+    for tested, null in problem_halves(tokens, splits, seed):
+        (_, c, w), (_, nc, nw) = frames(tokens[tested], divergence), frames(tokens[null], divergence)
+        out.append(external_test(c, w, nc, nw)[0].p.to_numpy())
     return np.concatenate(out)
 
 

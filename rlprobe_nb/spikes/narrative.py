@@ -115,3 +115,23 @@ def say_run_onsets(rlvr: pd.DataFrame, placebo: pd.DataFrame) -> str:
             said.append(f"{run}: {len(found)} of {len(part)}" + (f" ({which})" if which else ""))
         parts.append(f"{name[0].upper() + name[1:]} with an onset: " + "; ".join(said) + ".")
     return " ".join(parts)
+
+
+def say_placebo_plants(check: pd.DataFrame, summary: pd.DataFrame, q: float) -> str:
+    """What the plants in the placebo's own tables say: the share of discoveries outside
+    the plants, and the placebo's spikes beside the RLVR run's at the same step."""
+    if check.empty:
+        return "*The suite has no placebo run: there is no table without a signal to plant in.*"
+    per = check.drop_duplicates("checkpoint")
+    worst = per.loc[per.other_share.idxmax()]
+    real = summary.set_index("step").spike_contexts
+    beside = ", ".join(
+        f"step {int(r.step)}: {reporting.fmt(r.unplanted_per_split)} against "
+        f"{int(real.get(r.step, 0))}" for r in per.itertuples())
+    return (f"Planted in the placebo's own tables, {int(check.found.sum())} of {int(check.plants.sum())} "
+            f"plants were found; the discoveries outside them are at most "
+            f"{reporting.fmt(100 * worst.other_share)}% of all discoveries at a step "
+            f"(step {int(worst.step)}), where BH at q = {q:g} keeps false discoveries to about "
+            f"{100 * q:g}% of them. With nothing planted, the placebo tested as if it were the "
+            f"RLVR run gives these spikes per split (both halves, every context once), beside "
+            f"the RLVR run's spike contexts at the same step: {beside}.")

@@ -364,6 +364,16 @@ SPIKE_PLANT_RANKS = pa.schema(
      ("ranked_above", _f64), ("median_p", _f64), ("bar (q / m)", _f64)]
 )
 
+# Plants in a placebo's own table, half of its problems tested against the other half
+# (``placebo_plants.placebo_plant_check``): per checkpoint and plant size the plants found;
+# per split the discoveries outside the plants (their share of all discoveries) and the
+# placebo's discoveries with nothing planted.
+SPIKE_PLACEBO_PLANTS = pa.schema(
+    [("checkpoint", _str), ("step", _i64), ("null", _str), ("d", _f64), ("plants", _i64),
+     ("found", _i64), ("recall", _f64), ("other_per_split", _f64), ("other_share", _f64),
+     ("unplanted_per_split", _f64)]
+)
+
 # One p-value per tested context of each calibration check (a real table, a simulated null
 # table, a real table's halves tested against each other), by ``label``.
 SPIKE_CALIBRATION = pa.schema([("label", _str), ("p", _f64)])
@@ -378,6 +388,7 @@ SPIKE_LABEL_DEPARTURES = pa.schema(
 
 TABLES.update({"spikes": SPIKES, "spike_regions": SPIKE_REGIONS, "spike_tests": SPIKE_TESTS,
                "spike_plants": SPIKE_PLANTS, "spike_plant_ranks": SPIKE_PLANT_RANKS,
+               "spike_placebo_plants": SPIKE_PLACEBO_PLANTS,
                "spike_calibration": SPIKE_CALIBRATION,
                "spike_label_departures": SPIKE_LABEL_DEPARTURES,
                # the placebo run's own departures from the reference, by label and step
