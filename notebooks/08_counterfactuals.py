@@ -140,8 +140,10 @@ first_wrong.correct_how.value_counts().rename("first wrong digits: how corrected
 # `include_format`; nor are first response tokens (they depend on the prompt alone), EOS,
 # or tokens without a real alternative. The positive control takes up to
 # `positive_points` first wrong digits that have a correct digit: those among the points,
-# then each rollout's earliest (the error the rest of it inherits), then later ones. Each
-# point says which rule picked it (`rule`).
+# then each rollout's earliest (the error the rest of it inherits), then later ones, each
+# time in turn from the two kinds of wrong statement (its true value is the answer, or
+# another result), since the control is read by kind. Each point says which rule picked
+# it (`rule`).
 
 # %%
 MAIN = points.select_points(TOK, SPIKES, checkpoint=checkpoint, rule=C.point_rule,
@@ -160,9 +162,12 @@ POINTS[["rollout_id", "pos", "rule", "main", "positive", "token", "ground_truth"
 # %% [markdown]
 # Each main point gets one control: a token of the same rollout and category (else of
 # any category: `match` says which) whose reference entropy is nearest the point's,
-# within `caliper` nats, that no rule marks as decisive: not a point, a spike or within
-# two tokens of one, not a first wrong digit, not a format token, with a real alternative
-# (swapped in just as at the point).
+# within `caliper` nats, on the point's side of the rollout's first wrong result (kept
+# text that already holds the error can only gain passes from a swap, text that does not
+# can only lose them), and that decides nothing by construction: no digit, number,
+# operand or operator (another number there changes the calculation), not a point, a
+# spike or within two tokens of one, not a format token, with a real alternative
+# (swapped in just as at the point). Its effect should be near zero.
 
 # %%
 avoid = set(zip(SPIKES.rollout_id, SPIKES.pos)) | set(zip(POINTS.rollout_id, POINTS.pos))

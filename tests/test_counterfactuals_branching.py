@@ -10,6 +10,7 @@ import pytest
 from counterfactual_tokens import EOS, Vocab, token_table, wrong_sums
 
 from rlprobe_nb.counterfactuals import branching, narrative, plan, points
+from rlprobe_nb.counterfactuals.intervals import newcombe_ci
 from rlprobe_nb.reporting import MIN_CLUSTERS
 
 
@@ -44,11 +45,35 @@ def test_controls_come_from_the_points_rollout_matched_on_category_and_entropy(t
     assert len(strict) < len(main)  # none within 0 nats: the point goes without a control
 
 
-def test_first_wrong_digits_are_never_controls(tok):
+def test_tokens_that_carry_arithmetic_are_never_controls(tok):
+    """A digit, number, operand or operator decides the answer by construction (another
+    one changes the calculation): a control is a token that decides nothing."""
     main = points.select_points(tok, NO_SPIKES, checkpoint="ck", rule=["result_after_wrong"],
                                 max_points=12)
     ctl = branching.match_controls(main, tok, set(), caliper=10.0, gap=0)
-    assert len(ctl) and not (ctl.ground_truth == "result_first_wrong").any()
+    assert len(ctl) and not ctl.ground_truth.isin(points.CONTENT_LABELS).any()
+    assert not ctl.category.astype(str).isin(branching.ARITHMETIC_CATEGORIES).any()
+    arithmetic = tok.ground_truth.isin(points.CONTENT_LABELS) | tok.category.astype(str).isin(
+        branching.ARITHMETIC_CATEGORIES)
+    assert arithmetic.any() and not branching.control_pool(tok, set()).index.isin(
+        tok.index[arithmetic]).any()
+
+
+def test_a_control_stands_on_its_points_side_of_the_first_wrong_result(tok):
+    """Kept text that already holds the wrong result can only gain passes from a swap, text
+    that does not can only lose them: a point after the first wrong digit gets a control
+    after it, a point before it one before it."""
+    wrong = branching.wrong_so_far(tok)
+    first = tok[tok.ground_truth == "result_first_wrong"].groupby("rollout_id").pos.min()
+    assert (wrong == (tok.pos >= tok.rollout_id.map(first))).all() and wrong.any() and (~wrong).any()
+    for rule in (["operand"], ["result_correct"]):  # "11 + 22" before, "2 * 3 = 6" after
+        main = points.select_points(tok, NO_SPIKES, checkpoint="ck", rule=rule, max_points=12)
+        ctl = branching.match_controls(main, tok, set(zip(main.rollout_id, main.pos)),
+                                       caliper=10.0, gap=0)
+        assert len(ctl)
+        side = dict(zip(zip(tok.rollout_id, tok.pos), wrong))
+        for c in ctl.itertuples():
+            assert side[(c.rollout_id, c.pos)] == side[(c.rollout_id, c.matched_pos)], rule
 
 
 def test_arms_of_points_controls_and_their_cost(tok):
@@ -130,8 +155,15 @@ def test_no_interval_from_fewer_than_five_problems(problems):
         assert "too few for an interval" in line and "[" not in line
         assert "detects a decisive token" not in line
         assert "[" not in lines and "not compared: too few problems" in lines
-    else:  # every problem alike: the resampling interval has no width, and is not shown
-        assert "every resample gave the same value" in line and "[" not in line
+    else:  # every problem alike: resampling problems gives no width; each problem counted once
+        summary = branching.summary(pos, None, n_boot=200)
+        row = summary[summary.group == "all"].iloc[0]
+        assert row["interval"] == branching.COUNTED_ONCE
+        # Newcombe with 5 draws a side at the problems' mean pass rates: 12/16 -> 4 of 5, 1/16 -> 0
+        assert (row["low"], row["high"]) == pytest.approx(newcombe_ci(4, problems, 0, problems)[1:])
+        assert row["low"] < 11 / 16 < row["high"] and row["low"] > 0
+        assert "each problem counted once" in line and "[" in line
+        assert "detects a decisive token" in line
 
 
 def test_a_shown_interval_and_its_verdicts():

@@ -215,6 +215,24 @@ def test_the_positive_control_prefers_each_rollouts_first_error():
     assert len(points.select_positive(tok, none, 6, seed=3)) == 6  # then the later errors
 
 
+def test_the_positive_control_takes_both_kinds_of_wrong_statement_in_turn():
+    """Three of twelve wrong statements compute the answer: the control reads each kind on
+    its own, so six digits take three of each, not the pool's one in four."""
+    vocab = Vocab()
+    texts = {f"p{p:02d}#0": f"So {11 + p} + 22 = {43 + p}, so \\boxed{{{43 + p}}}" for p in range(12)}
+    tok = points.annotate(token_table(texts, vocab), texts, vocab.text_of, vocab.encode, {EOS})
+    fw = tok.ground_truth == "result_first_wrong"
+    assert fw.sum() == 12 and tok[fw].correct_id.notna().all()
+    answer = {"p00", "p04", "p08"}
+    tok["result_is_answer"] = pd.Series(tok.problem_id.isin(answer) & fw, dtype=object).where(fw)
+    none = tok.iloc[:0].assign(rule=[])
+    for seed in range(4):
+        chosen = points.select_positive(tok, none, 6, seed=seed)
+        assert len(chosen) == 6 and chosen.problem_id.nunique() == 6
+        assert set(chosen.problem_id) & answer == answer, seed
+    assert len(points.select_positive(tok, none, 12, seed=0)) == 12
+
+
 def test_unforced_rollouts_get_the_spans_the_labeller_needs(tiny):
     _, _, tok = tiny
     text = "First, 11 + 22 = 43 apples."

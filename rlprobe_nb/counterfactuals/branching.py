@@ -20,11 +20,16 @@ Two questions, two comparisons:
   If it does not, the method cannot see a decisive token, and a null main result says
   nothing.
 - **main result**: at the points, ``top1`` − ``keep``, beside the same at *controls*:
-  tokens of the same rollout and the same category (chapter 04's classes), matched on
-  the reference's entropy, that no rule marks as decisive (not a point or spike nor
-  within ``gap`` tokens of one, not a first wrong digit, not a format token) and that have
-  a real alternative too. A control says how much swapping in the checkpoint's
-  preference changes at a token of that kind and uncertainty anyway.
+  tokens of the same rollout, matched on the reference's entropy (of the point's
+  category where one is near: chapter 04's classes), that carry no arithmetic and that
+  no rule marks as decisive (not a point or spike nor within ``gap`` tokens of one, no
+  digit, number, operand or operator, not a format token) and that have a real
+  alternative too. A control says how much swapping in the checkpoint's preference
+  changes the answer anyway, at a token as uncertain that decides nothing by
+  construction: its effect should be near zero. (A digit is no control: on the demo
+  suite, controls that were digits of correct results or operands lowered the pass
+  rate by 0.3 where the kept text passed, since another digit there changes the
+  calculation.)
 
 Means over points are clustered by problem (a problem's points share its difficulty and
 rollouts): a bootstrap that resamples problems, and for point − control one that
@@ -39,10 +44,11 @@ import numpy as np
 import pandas as pd
 
 from rlprobe_nb.counterfactuals.intervals import cluster_bootstrap_difference, newcombe_ci
-from rlprobe_nb.counterfactuals.points import FIRST_WRONG, eligible
+from rlprobe_nb.counterfactuals.points import CONTENT_LABELS, FIRST_WRONG, eligible
 from rlprobe_nb.statistics import cluster_bootstrap_ci, seed_from
 
 ARMS = ("keep", "top1", "correct")
+ARITHMETIC_CATEGORIES = ("number_result", "number_operand", "number_other", "operator")
 MATCH_LEVELS = ("category", "entropy")  # same rollout always; same category, else any
 
 
@@ -52,38 +58,62 @@ def _near(keys: set, gap: int) -> set:
 
 def control_pool(tokens: pd.DataFrame, avoid: set, gap: int = 2,
                  include_format: bool = False) -> pd.DataFrame:
-    """Tokens that may serve as controls: branchable (``points.eligible``), not a first
-    wrong digit, not within ``gap`` tokens of any (rollout_id, pos) in ``avoid``."""
+    """Tokens that may serve as controls: branchable (``points.eligible``), carrying no
+    arithmetic (no ground-truth label of ``points.CONTENT_LABELS`` and no number or
+    operator category: another number or operation there changes the problem or the
+    calculation, so it decides the answer by construction), not within ``gap`` tokens
+    of any (rollout_id, pos) in ``avoid``."""
     near = _near(avoid, gap)
-    ok = eligible(tokens, include_format) & (tokens["ground_truth"] != FIRST_WRONG)
+    ok = eligible(tokens, include_format) & ~tokens["ground_truth"].isin(CONTENT_LABELS)
+    ok &= ~tokens["category"].astype(str).isin(ARITHMETIC_CATEGORIES)
     ok &= np.array([(r, int(p)) not in near for r, p in zip(tokens["rollout_id"], tokens["pos"])],
                    dtype=bool)
     return tokens[ok]
 
 
+def _first_wrong_pos(tokens: pd.DataFrame) -> dict:
+    first = tokens[tokens["ground_truth"] == FIRST_WRONG]
+    return first.groupby("rollout_id")["pos"].min().to_dict()
+
+
+def wrong_so_far(tokens: pd.DataFrame) -> pd.Series:
+    """Whether a token's kept text (the rollout up to and with the token) already holds a
+    wrong result: its position is at or after the rollout's first wrong digit. Continued
+    from a text that has not gone wrong yet, a swap can only lose passes; from one that
+    has, it can only win them: a control stands on its point's side."""
+    first = tokens["rollout_id"].map(_first_wrong_pos(tokens)).astype(float)
+    return pd.Series(tokens["pos"].to_numpy(float) >= first.fillna(np.inf).to_numpy(),
+                     index=tokens.index)
+
+
 def match_controls(points: pd.DataFrame, tokens: pd.DataFrame, avoid: set,
                    caliper: float = 0.25, gap: int = 2, seed: int = 0,
                    include_format: bool = False) -> pd.DataFrame:
-    """One control per point, from the point's own rollout: the token of the same
-    category whose reference entropy is nearest the point's (within ``caliper`` nats),
-    else of any category (``match``: "category" or "entropy"); ties broken by a seeded
-    draw; each control serves one point. ``avoid``: (rollout_id, pos) of every point and
-    spike. Returns the controls' token rows with ``matched_pos`` (the point), ``match``,
+    """One control per point, from the point's own rollout and on the same side of its
+    first wrong result (``wrong_so_far``): the token of the same category whose
+    reference entropy is nearest the point's (within ``caliper`` nats), else of any
+    category (``match``: "category" or "entropy"); ties broken by a seeded draw; each
+    control serves one point. ``avoid``: (rollout_id, pos) of every point and spike.
+    Returns the controls' token rows with ``matched_pos`` (the point), ``match``,
     ``entropy_gap`` and the point's ``rule``; points without a match are left out."""
     pool = control_pool(tokens, avoid | set(zip(points["rollout_id"], points["pos"])), gap,
                         include_format)
-    pool = pool.assign(tie=np.random.default_rng(seed_from("controls", seed)).random(len(pool)))
+    pool = pool.assign(tie=np.random.default_rng(seed_from("controls", seed)).random(len(pool)),
+                       wrong=wrong_so_far(tokens).loc[pool.index])
+    first_wrong = _first_wrong_pos(tokens)
     used: set = set()
     rows = []
     for p in points.itertuples():
-        mine = pool[(pool["rollout_id"] == p.rollout_id) & ~pool.index.isin(list(used))]
+        wrong = p.pos >= first_wrong.get(p.rollout_id, np.inf)
+        mine = pool[(pool["rollout_id"] == p.rollout_id) & ~pool.index.isin(list(used))
+                    & (pool["wrong"] == wrong)]
         mine = mine.assign(entropy_gap=(mine["entropy_ref"] - p.entropy_ref).abs())
         mine = mine[mine["entropy_gap"] <= caliper]
         for level, options in zip(MATCH_LEVELS, (mine[mine["category"] == p.category], mine)):
             if len(options):
                 best = options.sort_values(["entropy_gap", "tie"]).iloc[0]
                 used.add(best.name)
-                rows.append({**best.drop("tie").to_dict(), "matched_pos": int(p.pos),
+                rows.append({**best.drop(["tie", "wrong"]).to_dict(), "matched_pos": int(p.pos),
                              "match": level, "rule": p.rule})
                 break
     columns = list(tokens.columns) + ["entropy_gap", "matched_pos", "match", "rule"]
@@ -115,18 +145,38 @@ def effects(branches: pd.DataFrame, arm: str = "top1", alpha: float = 0.05) -> p
     return out.reset_index()
 
 
+RESAMPLED, COUNTED_ONCE = "problems resampled", "each problem counted once"
+
+
 def _mean(part: pd.DataFrame, n_boot: int, alpha: float, seed: int) -> dict:
     mean, low, high = cluster_bootstrap_ci(part["effect"].to_numpy(float),
                                            part["problem_id"].to_numpy(), n_boot, alpha, seed)
+    interval = RESAMPLED
+    if len(part) and not high > low:
+        low, high = _problems_counted_once(part, alpha)
+        interval = COUNTED_ONCE
     rate = {"rate_keep": float(part["passes_keep"].sum() / part["n_keep"].sum()),
             "rate_arm": float(part["passes_arm"].sum() / part["n_arm"].sum())} if len(part) \
         else {"rate_keep": np.nan, "rate_arm": np.nan}
     return {"branches": len(part), "problems": part["problem_id"].nunique(), "mean": mean,
-            "low": low, "high": high, **rate}
+            "low": low, "high": high, **rate, "interval": interval}
+
+
+def _problems_counted_once(part: pd.DataFrame, alpha: float) -> tuple[float, float]:
+    """Where every problem gave the same mean effect, resampling problems gives an
+    interval of no width, though the problems are few and each effect was read from a few
+    draws. Then: Newcombe's interval with each problem counted as one draw per arm, at
+    its mean pass rate in each arm (m problems, not m·n continuations: conservative)."""
+    rates = part.assign(keep=part["passes_keep"] / part["n_keep"],
+                        arm=part["passes_arm"] / part["n_arm"]).groupby("problem_id")[
+        ["keep", "arm"]].mean()
+    m = len(rates)
+    _, low, high = newcombe_ci(round(rates["arm"].sum()), m, round(rates["keep"].sum()), m, alpha)
+    return low, high
 
 
 SUMMARY_COLUMNS = ["model", "arm", "group", "estimate", "branches", "problems", "mean", "low",
-                   "high", "rate_keep", "rate_arm"]
+                   "high", "rate_keep", "rate_arm", "interval"]
 
 
 def summary(point_effects: pd.DataFrame, control_effects: pd.DataFrame | None = None,
@@ -158,7 +208,8 @@ def summary(point_effects: pd.DataFrame, control_effects: pd.DataFrame | None = 
             rows.append({"model": model, "arm": arm, "group": group,
                          "estimate": "point - control", "branches": len(p) + len(c),
                          "problems": both.nunique(), "mean": diff[0], "low": diff[1],
-                         "high": diff[2], "rate_keep": np.nan, "rate_arm": np.nan})
+                         "high": diff[2], "rate_keep": np.nan, "rate_arm": np.nan,
+                         "interval": RESAMPLED})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from rlprobe_nb.counterfactuals.branching import COUNTED_ONCE
 from rlprobe_nb.reporting import MIN_CLUSTERS, excludes_zero, fmt, interval_text
 
 
@@ -33,8 +34,12 @@ def _row(summary: pd.DataFrame, model: str, estimate: str, group: str = "all"):
 
 
 def _interval(row, min_clusters: int) -> str:
-    return interval_text(row["mean"], row["low"], row["high"], int(row["problems"]),
+    text = interval_text(row["mean"], row["low"], row["high"], int(row["problems"]),
                          signed=True, min_clusters=min_clusters)
+    if row.get("interval") == COUNTED_ONCE and "[" in text:
+        text += (" (every problem gave the same effect, so resampling problems gives no "
+                 "width: Newcombe's interval with each problem counted once)")
+    return text
 
 
 def _shown_excludes_zero(row, min_clusters: int) -> int:

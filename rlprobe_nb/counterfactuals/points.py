@@ -307,8 +307,11 @@ def select_positive(tokens: pd.DataFrame, points: pd.DataFrame, count: int, seed
     """First wrong digits with a correct digit for the positive control, at most
     ``count``: those among ``points`` first (their rule kept), then each rollout's
     earliest one (the error the rest of the rollout inherits: correcting a later one
-    leaves it standing), then later ones, each in a seeded order spread over problems
-    (rule "positive_control")."""
+    leaves it standing), then later ones (rule "positive_control"). Each of these rounds
+    takes in turn from the two kinds of wrong statement, the ones whose true value is the
+    answer (``result_is_answer``) and the others, each kind in a seeded order spread over
+    problems: the control is read by kind, and each kind needs problems of its own for an
+    interval."""
     pool = tokens[(tokens["ground_truth"] == FIRST_WRONG) & tokens["correct_id"].notna()
                   & ~tokens["first_token"].astype(bool) & ~tokens["is_eos"].astype(bool)]
     pool = pool.assign(nth=pool.groupby("rollout_id")["pos"].rank(method="first").astype(int))
@@ -316,10 +319,23 @@ def select_positive(tokens: pd.DataFrame, points: pd.DataFrame, count: int, seed
     inside = np.array([k in chosen for k in zip(pool["rollout_id"], pool["pos"].astype(int))],
                       dtype=bool)
     rule = points.set_index(["rollout_id", "pos"])["rule"].to_dict() if len(points) else {}
-    first = spread_order(pool[inside], seed, "chosen")
+    first = _by_kind_in_turn(pool[inside], seed, "chosen")
     first = first.assign(rule=[rule[(r, p)] for r, p in zip(first.rollout_id, first.pos)])
     rest = pool[~inside]
-    later = [spread_order(rest[rest["nth"] == k], seed, POSITIVE_RULE, k)
+    later = [_by_kind_in_turn(rest[rest["nth"] == k], seed, POSITIVE_RULE, k)
              for k in sorted(rest["nth"].unique())]
     out = pd.concat([first] + [x.assign(rule=POSITIVE_RULE) for x in later]).head(int(count))
     return out.drop(columns="nth").sort_values(["rollout_id", "pos"]).reset_index(drop=True)
+
+
+def _by_kind_in_turn(rows: pd.DataFrame, *key) -> pd.DataFrame:
+    """``rows`` with the two kinds of wrong statement taken in turn (the answer's value
+    first), each kind in ``spread_order``."""
+    if rows.empty:
+        return rows
+    answer = (rows["result_is_answer"].fillna(False).astype(bool).to_numpy()
+              if "result_is_answer" in rows else np.zeros(len(rows), dtype=bool))
+    kinds = [spread_order(rows[answer == kind], *key, kind) for kind in (True, False)]
+    turn = np.concatenate([np.arange(len(k)) for k in kinds])
+    kind = np.concatenate([np.full(len(k), i) for i, k in enumerate(kinds)])
+    return pd.concat(kinds).iloc[np.lexsort((kind, turn))]
