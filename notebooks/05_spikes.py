@@ -231,6 +231,13 @@ Markdown(narrative.say_onsets(ONSETS, SEPARATION, onsets.against_text(DEPARTURES
 ONSETS
 
 # %% [markdown]
+# The same label context by context: of the first wrong digits at the last checkpoint,
+# how many are spikes, and which way they move the digit that was written.
+
+# %%
+Markdown(narrative.say_first_wrong_spikes(tests, TOKENS, LABELS, group))
+
+# %% [markdown]
 # ### The placebo run's own onsets
 #
 # The same table for the placebo run: its departures from the reference (no null
