@@ -81,9 +81,12 @@ def wrong_so_far(tokens: pd.DataFrame) -> pd.Series:
     wrong result: its position is at or after the rollout's first wrong digit. Continued
     from a text that has not gone wrong yet, a swap can only lose passes; from one that
     has, it can only win them: a control stands on its point's side."""
-    first = tokens["rollout_id"].map(_first_wrong_pos(tokens)).astype(float)
-    return pd.Series(tokens["pos"].to_numpy(float) >= first.fillna(np.inf).to_numpy(),
-                     index=tokens.index)
+    return _at_or_after(tokens, _first_wrong_pos(tokens))
+
+
+def _at_or_after(rows: pd.DataFrame, first_wrong: dict) -> pd.Series:
+    first = rows["rollout_id"].map(first_wrong).astype(float).fillna(np.inf)
+    return pd.Series(rows["pos"].to_numpy(float) >= first.to_numpy(), index=rows.index)
 
 
 def match_controls(points: pd.DataFrame, tokens: pd.DataFrame, avoid: set,
@@ -98,9 +101,9 @@ def match_controls(points: pd.DataFrame, tokens: pd.DataFrame, avoid: set,
     ``entropy_gap`` and the point's ``rule``; points without a match are left out."""
     pool = control_pool(tokens, avoid | set(zip(points["rollout_id"], points["pos"])), gap,
                         include_format)
-    pool = pool.assign(tie=np.random.default_rng(seed_from("controls", seed)).random(len(pool)),
-                       wrong=wrong_so_far(tokens).loc[pool.index])
     first_wrong = _first_wrong_pos(tokens)
+    pool = pool.assign(tie=np.random.default_rng(seed_from("controls", seed)).random(len(pool)),
+                       wrong=_at_or_after(pool, first_wrong))
     used: set = set()
     rows = []
     for p in points.itertuples():
