@@ -9,6 +9,9 @@
 #   wait NAME SECONDS print progress until that run ends or SECONDS pass
 #   compare A B SUITE the tables of two runs: ids bitwise, metrics within tolerance
 #   bench             benchmarks/bench_engine.py with the book's defaults
+#   cuda_tests [COMMIT] every test that skips without CUDA, then a one-repeat smoke of
+#                     bench_engine.py at Llama-3.1-8B's shape; log and JSON under $OUT
+#                     (copy them to benchmarks/results/; the README says when it last passed)
 #   pack NAME...      each run's log, timings, executed notebooks' text and manifests under $OUT
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD RLPROBE_CACHE=/root/cache PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 JUPYTER_PATH=/tmp/site/share/jupyter
@@ -59,6 +62,21 @@ compare)
     --json "$OUT/compare_$2_$3.json" ;;
 bench)
   python3 benchmarks/bench_engine.py "${@:2}" 2>&1 | tee "$OUT/bench_engine.log" | tail -40 ;;
+cuda_tests)
+  log="$OUT/cuda_tests.log"
+  {
+    date -u +"%Y-%m-%d %H:%M UTC"; echo "tree: ${2:-not named (pass the commit: cuda_tests COMMIT)}"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
+    # the CUDA-only tests: every test module whose skip condition asks for a CUDA device
+    mapfile -t cuda_only < <(grep -lE "skipif\(not torch\.cuda\.is_available" tests/test_*.py)
+    echo "CUDA-only test modules: ${cuda_only[*]}"
+    python3 -m pytest -p no:cacheprovider -q -rs "${cuda_only[@]}"
+    echo "pytest exit status: $?"
+    python3 benchmarks/bench_engine.py --repeats 1 --json "$OUT/cuda_smoke_bench_engine.json"
+    echo "bench_engine exit status: $?"
+  } > "$log" 2>&1
+  tail -45 "$log" ;;
 pack)
   for name in "${@:2}"; do
     d=/root/$name

@@ -73,7 +73,7 @@ def test_a_sequence_does_not_depend_on_its_company():
 
 SCRIPT = MODEL + """
 import json, sys
-from rlprobe_nb import decoding
+from rlprobe_nb.generation import decoding
 sys.path.insert(0, "tests")
 from test_decoding_cuda import _requests
 print(json.dumps(decoding.generate(model, _requests(), [], slots=4,
