@@ -134,8 +134,9 @@ def model_identity(name: str, P: Params) -> dict[str, Any]:
 def _identity(name: str, P: Params) -> dict[str, Any]:
     spec = P.model_spec(name)
     kind = spec["kind"]
+    declared = stop_tokens.declared(name, P)  # a set: the order they are listed in is no matter
     ident: dict[str, Any] = {"kind": kind,
-                             "stop_tokens": stop_tokens.declared(name, P) or "model's own EOS"}
+                             "stop_tokens": sorted(declared) if declared else "model's own EOS"}
     if kind == "hub":
         ident.update(id=spec["id"], commit=_hub_commit(spec["id"], spec.get("revision")))
     elif kind == "local":
@@ -171,12 +172,10 @@ def adapter_folder(name: str, spec: dict) -> Path:
 
 def check_training_record(name: str, P: Params, source: Path) -> None:
     """An adapter whose training record names its stop tokens must get the same ones."""
-    import json
-
-    record = source / stop_tokens.TRAINING_RECORD
-    if record.is_file():
-        recorded = json.loads(record.read_text()).get("stop_tokens")
-        stop_tokens.check_recorded(name, recorded, stop_tokens.declared(name, P), record)
+    record = stop_tokens.read_training_record(source)
+    if record is not None:
+        stop_tokens.check_recorded(name, record.get("stop_tokens"), stop_tokens.declared(name, P),
+                                   source / stop_tokens.TRAINING_RECORD)
 
 
 def tokenizer_facts(tok) -> dict:

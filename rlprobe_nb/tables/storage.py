@@ -47,12 +47,14 @@ import pyarrow.parquet as pq
 from rlprobe_nb.tables.atomic import (
     DIR_MODE,
     FILE_MODE,
+    DamagedFileError,  # noqa: F401
     DamagedTableError,
     atomic_path,
     atomic_write_json,
     atomic_write_text,
     fingerprint,
     read_json,
+    read_json_object,  # noqa: F401
     sha256_of,
 )
 from rlprobe_nb.tables.locks import LOCK_FILE, TableBusyError, acquire_lock, writer_lock  # noqa: F401
