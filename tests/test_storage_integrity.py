@@ -252,3 +252,31 @@ def test_a_truncated_part_is_refused_by_name(sharded):
     left.write_bytes(left.read_bytes()[:-40])
     with pytest.raises(storage.DamagedTableError, match=f"{left.name} cannot be read"):
         storage.ShardedTable(sharded.parent / "r", SCHEMA).begin({"inputs": 1})
+
+
+@pytest.mark.parametrize("damage", ["header", "empty", "short"])
+def test_a_hidden_state_shard_with_a_damaged_header_is_refused_by_name(tmp_path, damage):
+    """Issue 44 item 8: a damaged or empty header gave a bare SafetensorError, no path."""
+    from rlprobe_nb import forcing
+
+    seq = forcing.make_sequence("r#0", "r", [1, 2, 3], [4, 5, 6])
+    cache = forcing.HiddenCache(tmp_path / "h")
+    cache.begin({"name": "m"})
+    cache.save([seq], torch.ones(3, 8), batch_tokens=64)
+    (path,) = (tmp_path / "h").glob("h-*.safetensors")
+    blob = path.read_bytes()
+    size = int.from_bytes(blob[:8], "little")
+    if damage == "header":
+        blob = blob[:8] + b"{" + b"?" * (size - 1) + blob[8 + size:]
+    elif damage == "empty":
+        blob = b""
+    else:
+        blob = blob[:8 + size // 2]
+    path.write_bytes(blob)
+    with pytest.raises(storage.DamagedTableError, match=rf"{path.name}.*delete") as err:
+        forcing.HiddenCache(tmp_path / "h").rows([seq])
+    assert str(path) in str(err.value)
+    with pytest.raises(storage.DamagedTableError, match=path.name):
+        storage.read_tensors(path)
+    with pytest.raises(storage.DamagedTableError, match=rf"{path.name}: its header"):
+        forcing.HiddenCache(tmp_path / "h").index()  # what a read of part of a shard uses
