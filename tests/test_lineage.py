@@ -193,3 +193,18 @@ def test_a_source_file_declared_after_a_table_was_written_makes_it_stale(suite, 
     monkeypatch.setitem(lineage.CODE, "selection", lineage.CODE["selection"] + ("readable.py",))
     with pytest.raises(storage.StaleTableError, match=r"code\.files\.readable\.py: \(absent\)"):
         lineage.read_current(params.load("demo"), "selection")
+
+
+def test_an_adapter_changed_after_the_keys_were_computed_is_not_loaded(suite):
+    """Issue 44 item 1: a table is never written under a key it was not computed from:
+    the adapter that loads must be the one the suite's keys hashed."""
+    from rlprobe_nb.suite import models
+
+    P = params.load("demo", CKPT, overrides={"runtime.device": "cpu"})
+    lineage.tokens_key(P, CKPT, P.reference, "r" * 16)  # the keys hash the adapter once
+    weights = suite["adapter"] / "adapter_int8.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-3] ^= 1
+    weights.write_bytes(bytes(blob))
+    with pytest.raises(models.ModelLoadError, match=r"adapter_int8\.safetensors changed after"):
+        models.load_model(CKPT, P)

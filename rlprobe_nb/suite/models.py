@@ -178,6 +178,18 @@ def check_training_record(name: str, P: Params, source: Path) -> None:
                                    source / stop_tokens.TRAINING_RECORD)
 
 
+def _check_unchanged(name: str, P: Params, weights: Path, digest: str) -> None:
+    """The adapter that loads is the one this suite's tables were keyed on: a file changed
+    after the key was computed (``model_identity``, once per loaded suite) is refused, so a
+    table is never written under a key it was not computed from."""
+    keyed = (model_identity(name, P).get("files") or {}).get(weights.name)
+    if keyed is not None and keyed != digest:
+        raise ModelLoadError(
+            f"model {name!r}: {weights} changed after this notebook computed its tables' "
+            "keys from it; rerun the notebook from its first cell (load the parameters "
+            "again) so that the keys and the weights agree")
+
+
 def tokenizer_facts(tok) -> dict:
     return {"tokenizer": tokenizer_identity(tok), "bos_token_id": tok.bos_token_id,
             "eos_token_id": tok.eos_token_id}
@@ -245,6 +257,7 @@ def _load(name: str, P: Params, device: str, dtype) -> tuple[Any, Any, dict]:
             weights = source / (compact_adapters.ENCODED_FILE if compact_adapters.is_compact(source)
                                 else compact_adapters.PEFT_FILE)
             prov.update(path=str(source), adapter_sha256=sha256_file(weights))
+            _check_unchanged(name, P, weights, prov["adapter_sha256"])
             loadable = compact_adapters.loadable(source, paths.cache_dir() / "adapters")
             if lora_merge.merge(base, loadable):  # a plain LoRA: merged without PEFT
                 model = base.to(device).eval()
