@@ -32,7 +32,7 @@ collect() {  # new adapters (each once) and changed states, listed in $RUN/.coll
     grep -qxF "$stamp" .collected || items+=("$d")
   done
   if [ ${#items[@]} -eq 0 ]; then echo "collect: nothing new"; return 0; fi
-  local name="collect-$(date +%Y%m%d-%H%M%S)"
+  local name="collect-$(date +%Y%m%d-%H%M%S-%N)"  # in time order: later states unpack last
   tar cf - "${items[@]}" */train_log.csv sft/selection.json 2>/dev/null \
     | split -b 15m -d - "$OUT/$name.tar."
   for d in "${items[@]}"; do
