@@ -46,7 +46,6 @@ notebook says it reused a complete table are repeated in the run's report.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import os
 import re
 import sys
@@ -54,7 +53,8 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 
-from rlprobe_nb import distributed
+from rlprobe_nb import book_runs, distributed
+from rlprobe_nb.book_runs import NotebookFailed  # noqa: F401 (raised by run_one, caught here)
 from rlprobe_nb.pages import navigation, page_styles
 from rlprobe_nb.suite import params, paths
 from rlprobe_nb.tables.atomic import FILE_MODE
@@ -124,14 +124,6 @@ OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block body_header -%}{{ super() }}{{ resources.get('rp', {}).get('top', '') }}{%- endblock body_header -%}
 {%- block body_footer -%}{{ resources.get('rp', {}).get('bottom', '') }}{{ super() }}{%- endblock body_footer -%}
 """ + page_styles.TEMPLATE_BLOCK
-
-
-class NotebookFailed(RuntimeError):
-    """A notebook run raised; ``kept`` is its executed notebook (None if nothing ran)."""
-
-    def __init__(self, notebook: Path, error: str, kept: Path | None):
-        super().__init__(f"{notebook.name}: {error}")
-        self.notebook, self.error, self.kept = notebook, error, kept
 
 
 def failed_path(out_dir: Path, stem: str) -> Path:
@@ -323,11 +315,11 @@ def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path,
     import papermill as pm
 
     from rlprobe_nb.kernels import LocalKernelManager
-    from rlprobe_nb.tables.storage import atomic_path
 
     start = time.perf_counter()
     target, failed = out_dir / f"{stem}.ipynb", failed_path(out_dir, stem)
-    with atomic_path(target) as tmp:
+    tmp = book_runs.temporary_notebook(out_dir, stem)
+    try:
         try:
             pm.execute_notebook(str(nb), str(tmp), parameters=parameters, kernel_name="python3",
                                 cwd=str(paths.REPO_ROOT), progress_bar=False,
@@ -338,6 +330,10 @@ def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path,
                 raise
             raise NotebookFailed(nb, _error_line(err), kept) from err
         unpair(tmp)
+        os.chmod(tmp, FILE_MODE)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
     for stale in (failed, failed.with_suffix(".html")):  # an old failure would mislead now
         stale.unlink(missing_ok=True)
     _, offline_problems = export_html(target, pages)
@@ -409,32 +405,35 @@ def main(argv: list[str] | None = None) -> int:
     except params.ParamsError as err:
         print(f"rlprobe_nb: {err}", file=sys.stderr)
         return 2
+    stale = book_runs.out_of_sync([nb for nb, _, _ in plan])
+    if stale:
+        print(f"rlprobe_nb: {'; '.join(stale)}: run `make sync` (the book runs the .ipynb "
+              "twins)", file=sys.stderr)
+        return 2
     out_dir = paths.figures_dir(P.suite)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for left in book_runs.remove_stale_temporaries(out_dir):
+        print(f"removed {left.name}, the temporary notebook of an interrupted run")
     pages = navigation.book_pages(runs(P))  # every page, for the links between them
     total = time.perf_counter()
     print(f"rlprobe_nb: suite {P.suite!r}, {len(plan)} notebook runs")
-    needs_network = {}
-    for wave in waves(plan):
-        for i in wave:
-            nb, parameters, _ = plan[i]
-            extra = f" (checkpoint {parameters['checkpoint']})" if "checkpoint" in parameters else ""
-            print(f"[{i + 1}/{len(plan)}] {nb.name}{extra} ...", flush=True)
-        with cf.ThreadPoolExecutor(len(wave)) as pool:
-            done = [pool.submit(run_one, *plan[i], out_dir, pages) for i in wave]
-        for i, result in zip(wave, done):
-            stem = plan[i][2]
-            try:
-                seconds, problems = result.result()
-            except NotebookFailed as failure:
-                report_failure(failure, out_dir, stem)
-                write_index(P, pages)
-                return 1
-            for line in reused_lines(out_dir / f"{stem}.ipynb"):
-                print(f"      {line}")
-            print(f"      done in {seconds:.1f} s -> {out_dir / stem}.html", flush=True)
-            if problems:
-                needs_network[f"{out_dir / stem}.html"] = problems
+    needs_network: dict[str, list[str]] = {}
+
+    def finished(i: int, outcome: tuple[float, list[str]]) -> None:
+        stem, (seconds, problems) = plan[i][2], outcome
+        for line in reused_lines(out_dir / f"{stem}.ipynb"):
+            print(f"      {line}")
+        print(f"      done in {seconds:.1f} s -> {out_dir / stem}.html", flush=True)
+        if problems:
+            needs_network[f"{out_dir / stem}.html"] = problems
+
+    status = book_runs.run_waves(
+        plan, waves(plan), lambda nb, parameters, stem: run_one(nb, parameters, stem, out_dir, pages),
+        finished, lambda i, failure: report_failure(failure, out_dir, plan[i][2]),
+        lambda stem: failed_path(out_dir, stem))
+    if status:
+        write_index(P, pages)
+        return status
     index = write_index(P, pages)
     minutes = (time.perf_counter() - total) / 60
     print(f"\nThe book ran in {minutes:.1f} min.")
@@ -448,4 +447,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # between notebooks (a wave's Ctrl-C is run_waves')
+        print("\nrlprobe_nb: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -18,7 +18,9 @@ books) then took the same sockets, and one's client talked to the other's kernel
 from __future__ import annotations
 
 import os
+import signal
 import uuid
+import weakref
 from pathlib import Path
 
 from jupyter_client import AsyncKernelManager
@@ -26,9 +28,33 @@ from jupyter_core.paths import jupyter_runtime_dir
 from traitlets import default
 
 
+_STARTED: "weakref.WeakSet[LocalKernelManager]" = weakref.WeakSet()
+
+
+def signal_kernels(sig: int = signal.SIGINT) -> int:
+    """Send ``sig`` to every kernel this process started that still runs (the book's
+    Ctrl-C: SIGINT stops the running cell, SIGKILL a kernel that ignored it); returns how
+    many were signalled."""
+    n = 0
+    for km in list(_STARTED):
+        pid = getattr(getattr(km, "provisioner", None), "pid", None)
+        if pid:
+            try:
+                os.kill(pid, sig)
+                n += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+    return n
+
+
 class LocalKernelManager(AsyncKernelManager):
     """A kernel manager whose kernels use IPC transport where the system has it, each on
-    sockets named for it alone."""
+    sockets named for it alone; its kernels can be signalled all at once
+    (``signal_kernels``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _STARTED.add(self)
 
     @default("transport")
     def _default_transport(self) -> str:

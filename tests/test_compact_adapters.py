@@ -85,3 +85,41 @@ def test_a_folder_that_is_not_an_adapter_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(compact_adapters.CompactAdapterError, match="not a PEFT adapter"):
         compact_adapters.encode_folder(tmp_path / "empty", tmp_path / "out")
+
+
+def _flip_byte(path, at=-100):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_byte_flipped_in_the_decoded_cache_is_refused_by_name(tmp_path):
+    """Issue 44 item 1: one flipped byte under .cache/adapters/ went unseen (03 recomputed
+    its table from the damaged weights and wrote it under the same key)."""
+    src = peft_folder(tmp_path / "src", lora_state())
+    compact = compact_adapters.encode_folder(src, tmp_path / "compact")
+    decoded = compact_adapters.loadable(compact, tmp_path / "cache")
+    good = (decoded / "adapter_model.safetensors").read_bytes()
+    _flip_byte(decoded / "adapter_model.safetensors")
+    with pytest.raises(compact_adapters.CompactAdapterError,
+                       match=r"adapter_model\.safetensors does not match.*delete"):
+        compact_adapters.loadable(compact, tmp_path / "cache")
+    (decoded / "adapter_model.safetensors").write_bytes(good)
+    assert compact_adapters.loadable(compact, tmp_path / "cache") == decoded
+    (decoded / "adapter_config.json").write_text("{}")  # the config is checked too
+    with pytest.raises(compact_adapters.CompactAdapterError, match="adapter_config.json"):
+        compact_adapters.loadable(compact, tmp_path / "cache")
+
+
+def test_a_decoded_cache_of_an_older_version_is_decoded_again(tmp_path):
+    src = peft_folder(tmp_path / "src", lora_state())
+    compact = compact_adapters.encode_folder(src, tmp_path / "compact")
+    decoded = compact_adapters.loadable(compact, tmp_path / "cache")
+    good = (decoded / "adapter_model.safetensors").read_bytes()
+    record = json.loads((decoded / "decoded_from.json").read_text())
+    del record["written"]  # what an older version wrote: nothing to check it against
+    (decoded / "decoded_from.json").write_text(json.dumps(record))
+    _flip_byte(decoded / "adapter_model.safetensors")
+    assert compact_adapters.loadable(compact, tmp_path / "cache") == decoded
+    assert (decoded / "adapter_model.safetensors").read_bytes() == good
+    assert "written" in json.loads((decoded / "decoded_from.json").read_text())

@@ -89,3 +89,23 @@ def test_a_conversion_does_not_record_how_the_tokenizer_was_read(tmp_path):
     for f in (offline, online):
         gguf_cache.drop_load_context(f)
     assert json.loads(offline.read_text()) == json.loads(online.read_text()) == base
+
+
+def test_a_damaged_converted_copy_is_refused_by_name(converted):
+    """Issue 44 item 1: every file a model is built from, the converted cache included, is
+    checked against the sha256 its conversion recorded before it is used."""
+    gguf, root, folder, _, _ = converted
+    template = folder / "chat_template.jinja"
+    text = template.read_text()
+    try:
+        template.write_text(text.replace("<|im_start|>", "<|im_start|> ", 1))
+        with pytest.raises(gguf_cache.ConversionCacheError,
+                           match=r"chat_template\.jinja does not match.*delete"):
+            gguf_cache.convert_gguf(gguf, root)
+        (folder / "extra.json").write_text("{}")
+        with pytest.raises(gguf_cache.ConversionCacheError, match="extra.json"):
+            gguf_cache.convert_gguf(gguf, root)
+    finally:
+        template.write_text(text)
+        (folder / "extra.json").unlink(missing_ok=True)
+    assert gguf_cache.convert_gguf(gguf, root) == folder

@@ -16,7 +16,7 @@ functions alike, with ``ast``; nothing is imported to check):
               counterfactuals: each imports foundation, base, helpers and earlier stages;
               render and counterfactuals are siblings (chapters 06-07 and 08) and neither
               imports the other
-  book        runs the notebooks (book), starts their kernels (kernels) and writes their
+  book        runs the notebooks (book, book_runs), starts their kernels (kernels) and writes their
               pages and the index (pages/): may import anything but demo/
   demo/       the demo suite's own code (its GRPO run, tiny stand-ins): may import anything,
               and only itself imports it
@@ -35,7 +35,7 @@ PACKAGE = "rlprobe_nb"
 BASE = {"progress", "statistics", "readable", "reporting", "(init)"}
 FOUNDATION = {"suite", "tables"}
 HELPERS = {"views", "distributed"}
-RUNNER = {"book", "kernels", "pages"}
+RUNNER = {"book", "book_runs", "kernels", "pages"}
 STAGES = {"problems": 1, "generation": 2, "forcing": 3, "divergence": 4, "spikes": 5,
           "render": 6, "counterfactuals": 6}
 

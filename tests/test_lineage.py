@@ -149,3 +149,62 @@ def test_a_table_of_an_earlier_key_form_is_refused_by_name(suite):
     write(P, "problems", {"table": "problems", "version": 1})
     with pytest.raises(storage.StaleTableError, match="earlier version of the book"):
         lineage.read_current(P, "problems")
+
+
+def test_each_module_that_builds_the_models_is_in_the_key_of_every_table_made_with_them(
+        suite, monkeypatch, tmp_path):
+    """Issue 44 item 2: halving the LoRA merge's scaling still printed "reusing" in 02 and
+    03. Each model-building module is in the key of the tables made by running a model
+    (answers, rollouts, tokens) and so, through its inputs, of every table below; a change
+    to any one refuses the old tables naming the file."""
+    write_chain(params.load("demo"))
+    write_derived(params.load("demo"), "spikes")
+    code = tmp_path / "pkg"
+    shutil.copytree(paths.PACKAGE_DIR, code, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(paths, "PACKAGE_DIR", code)
+    token_table = paths.token_table_name(CKPT, params.load("demo").reference)
+    merge = code / "suite" / "lora_merge.py"
+    halved = merge.read_text().replace(
+        'scaling = float(config["lora_alpha"]) / int(config["r"])',
+        'scaling = float(config["lora_alpha"]) / int(config["r"]) / 2')
+    assert halved != merge.read_text()
+    edits = {"suite/lora_merge.py": halved}
+    for module in lineage.MODEL_CODE:
+        edits.setdefault(module, (code / module).read_text() + "\n# changed\n")
+    for module, text in edits.items():
+        original = (code / module).read_text()
+        (code / module).write_text(text)
+        P = params.load("demo")  # a notebook run after the change
+        for table in ("answers", "rollouts", token_table):
+            with pytest.raises(storage.StaleTableError,
+                               match=rf"code\.files\.{module}: \w+ -> \w+.*rerun notebooks/0"):
+                lineage.read_current(P, table)
+        with pytest.raises(storage.StaleTableError, match=rf"code\.files\.{module}"):
+            lineage.read_derived(P, "spikes")
+        lineage.read_current(P, "problems")  # built without a model: still current
+        (code / module).write_text(original)
+    lineage.read_current(params.load("demo"), token_table)  # restored: current again
+
+
+def test_a_source_file_declared_after_a_table_was_written_makes_it_stale(suite, monkeypatch):
+    """A table written before a file joined its stage's code is stale, naming the file
+    (its key's recorded patterns are not what decides)."""
+    write_chain(params.load("demo"))
+    monkeypatch.setitem(lineage.CODE, "selection", lineage.CODE["selection"] + ("readable.py",))
+    with pytest.raises(storage.StaleTableError, match=r"code\.files\.readable\.py: \(absent\)"):
+        lineage.read_current(params.load("demo"), "selection")
+
+
+def test_an_adapter_changed_after_the_keys_were_computed_is_not_loaded(suite):
+    """Issue 44 item 1: a table is never written under a key it was not computed from:
+    the adapter that loads must be the one the suite's keys hashed."""
+    from rlprobe_nb.suite import models
+
+    P = params.load("demo", CKPT, overrides={"runtime.device": "cpu"})
+    lineage.tokens_key(P, CKPT, P.reference, "r" * 16)  # the keys hash the adapter once
+    weights = suite["adapter"] / "adapter_int8.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-3] ^= 1
+    weights.write_bytes(bytes(blob))
+    with pytest.raises(models.ModelLoadError, match=r"adapter_int8\.safetensors changed after"):
+        models.load_model(CKPT, P)

@@ -198,3 +198,46 @@ def test_questionable_values_are_refused(params_copy, file, change, says):
     with pytest.raises(params.ParamsError, match=re.escape(says)) as err:
         params.load("demo")
     assert "demo" in str(err.value)
+
+
+def _laughs(levels=9, width=9):
+    lines = ["suite: demo", "lol0: &l0 [lol]"]
+    for i in range(1, levels):
+        lines.append(f"lol{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"suite: demo\nreference: \xff\xfe\n", r"suite\.yaml, line 2: byte 0xff is not UTF-8"),
+    (("suite: demo\nx: " + "[" * 3000 + "]" * 3000 + "\n").encode(), "nested more than 32"),
+    (("suite: demo\nx: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n").encode(), "nested more than"),
+    (_laughs().encode(), "more than 64 aliases"),
+    (_laughs(levels=6, width=10).encode(), "expand to more than"),
+    (("suite: demo\nx: [" + "1, " * 600_000 + "1]\n").encode(), "bytes, more than"),
+])
+def test_a_hostile_or_damaged_yaml_is_refused_quickly_naming_the_file(params_copy, content, says):
+    """Issue 44 item 5: a raw UnicodeDecodeError or RecursionError without the file, an
+    alias bomb ending in MemoryError after 90 s, a 50 MB list parsed for 10 minutes."""
+    import time
+
+    suite_file = params_copy / "demo" / "suite.yaml"
+    suite_file.write_bytes(content)
+    t0 = time.perf_counter()
+    with pytest.raises(params.ParamsError, match=says) as err:
+        params.load("demo")
+    assert str(suite_file) in str(err.value)
+    assert time.perf_counter() - t0 < 5
+
+
+@pytest.mark.parametrize("bases, loop", [
+    ({"dpo": "dpo"}, "dpo -> dpo"),
+    ({"dpo": "rlvr_step_1200"}, "dpo -> rlvr_step_1200 -> dpo"),
+])
+def test_peft_models_whose_bases_form_a_cycle_are_refused_when_the_suite_loads(
+        params_copy, bases, loop):
+    """Issue 44 item 6: a peft model whose base is itself, or a two-model cycle, was
+    accepted and then failed with RecursionError."""
+    edit(params_copy / "demo" / "suite.yaml",
+         lambda cfg: [cfg["models"][n].update(base=b) for n, b in bases.items()])
+    with pytest.raises(params.ParamsError, match=re.escape(loop)):
+        params.load("demo")

@@ -138,3 +138,16 @@ def test_a_problem_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
         path.write_bytes((text if name.endswith("l") else f"[{text}]").encode("latin-1"))
         with pytest.raises(problem_sources.ProblemsError, match=rf"{name}:1:\d+: not UTF-8 text"):
             problem_sources.read_records(path)
+
+
+def test_a_problem_text_longer_than_any_statement_is_refused_naming_its_row(tmp_path):
+    """Issue 44 item 7: a 10 MB problem text ran 01 out of memory (reported as out of GPU
+    memory on a CPU run)."""
+    path = tmp_path / "p.jsonl"
+    rows = [{"unique_id": "ok", "problem": "1+1?", "answer": "2"},
+            {"unique_id": "huge", "problem": "x" * 10_000_000, "answer": "1"}]
+    path.write_text("\n".join(__import__("json").dumps(r) for r in rows) + "\n")
+    t0 = time.perf_counter()
+    with pytest.raises(ProblemsError, match=r"p\.jsonl:2: its problem text has 10,000,000 characters"):
+        problem_sources.from_file(path)
+    assert time.perf_counter() - t0 < 5

@@ -166,3 +166,17 @@ def test_compiling_allows_every_compilation_and_never_falls_back_silently():
                 torch._dynamo.config.fail_on_recompile_limit_hit) == before
     assert (torch._dynamo.config.recompile_limit,
             torch._dynamo.config.fail_on_recompile_limit_hit) == before
+
+
+def test_a_prompt_that_does_not_fit_the_context_is_refused_before_sampling(tiny):
+    """Issue 44 item 7: no prompt-length check; a prompt past the model's context is named
+    (with its length and the budget) before any token is drawn."""
+    _, model, tok = tiny
+    context = model.config.max_position_embeddings
+    long = pd.DataFrame({"problem_id": ["long", "short"], "problem": ["1 + " * context, "1+1"],
+                         "answer": ["1", "2"]})
+    with pytest.raises(ValueError, match=rf"1 problems' prompts.*context of tiny \({context} "
+                                         r"tokens\), e.g\. long \(\d+ prompt tokens\)"):
+        rollouts.generate_rollouts(model, tok, long, model_name="tiny", template=TEMPLATE,
+                                   n_per_problem=1, temperatures=[0.0], max_new_tokens=4,
+                                   seed=0, batch_size=2, progress=False)

@@ -97,3 +97,47 @@ def test_the_training_script_takes_eos_from_the_gguf_metadata_and_refuses_a_disa
     tok.eos_token = "<|im_start|>"  # what transformers 5.17's conversion gives
     with pytest.raises(end_of_turn.EndOfTurnMismatch, match="GGUF's metadata"):
         end_of_turn.check_tokenizer(tok)
+
+
+def test_stop_tokens_listed_in_another_order_keep_every_identity(demo_copy):
+    """Issue 44 item 3: reordering stop_tokens (the same set) made every table stale."""
+    before = models.model_identity("rlvr_step_1200", demo_copy(lambda cfg: None))
+    after = models.model_identity("rlvr_step_1200", demo_copy(
+        lambda cfg: cfg["models"]["dpo"].update(stop_tokens=list(reversed(DEMO_STOPS)))))
+    assert before == after
+
+
+def _adapter_copy(tmp_path, demo_copy):
+    adapter = tmp_path / "dpo_copy"
+    shutil.copytree(paths.shipped_dir("demo") / "adapters" / "dpo", adapter)
+    P = demo_copy(lambda cfg: cfg["models"]["dpo"].update(path=str(adapter)))
+    return adapter, P
+
+
+@pytest.mark.parametrize("content, said", [
+    ("{\"stop_tokens\": [\"<|im_", "not valid JSON"),
+    ("[\"<|im_end|>\"]", "not the mapping"),
+    (b"\xff\xfe{}", "not valid JSON"),
+    ("{\"stop_tokens\": \"<|im_start|><|im_end|>\"}", "not a list of token texts")])
+def test_a_damaged_training_record_is_refused_naming_the_file(tmp_path, demo_copy, content, said):
+    """Issue 44 item 4: a bare JSONDecodeError without the file's name, and a string
+    stop_tokens read character by character."""
+    adapter, P = _adapter_copy(tmp_path, demo_copy)
+    record = adapter / stop_tokens.TRAINING_RECORD
+    record.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ValueError, match=said) as err:
+        models.model_identity("dpo", P)
+    assert str(record) in str(err.value)
+
+
+@pytest.mark.parametrize("content, said", [("{\"stop", "not valid JSON"), ("[1, 2]", "not the mapping"),
+                                           ("{\"stop_tokens\": \"<|im_end|>\"}", "not a list")])
+def test_a_damaged_run_manifest_is_refused_naming_the_file(tmp_path, content, said):
+    from rlprobe_nb.demo import training_run
+
+    run = tmp_path / "run"
+    shutil.copytree(training_run.shipped_run_dir(), run)
+    (run / "manifest.json").write_text(content)
+    with pytest.raises(ValueError, match=said) as err:
+        training_run.load_recorded_run(run, P=params.load("demo"))
+    assert str(run / "manifest.json") in str(err.value)

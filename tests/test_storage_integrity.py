@@ -252,3 +252,72 @@ def test_a_truncated_part_is_refused_by_name(sharded):
     left.write_bytes(left.read_bytes()[:-40])
     with pytest.raises(storage.DamagedTableError, match=f"{left.name} cannot be read"):
         storage.ShardedTable(sharded.parent / "r", SCHEMA).begin({"inputs": 1})
+
+
+@pytest.mark.parametrize("damage", ["header", "empty", "short"])
+def test_a_hidden_state_shard_with_a_damaged_header_is_refused_by_name(tmp_path, damage):
+    """Issue 44 item 8: a damaged or empty header gave a bare SafetensorError, no path."""
+    from rlprobe_nb import forcing
+
+    seq = forcing.make_sequence("r#0", "r", [1, 2, 3], [4, 5, 6])
+    cache = forcing.HiddenCache(tmp_path / "h")
+    cache.begin({"name": "m"})
+    cache.save([seq], torch.ones(3, 8), batch_tokens=64)
+    (path,) = (tmp_path / "h").glob("h-*.safetensors")
+    blob = path.read_bytes()
+    size = int.from_bytes(blob[:8], "little")
+    if damage == "header":
+        blob = blob[:8] + b"{" + b"?" * (size - 1) + blob[8 + size:]
+    elif damage == "empty":
+        blob = b""
+    else:
+        blob = blob[:8 + size // 2]
+    path.write_bytes(blob)
+    with pytest.raises(storage.DamagedTableError, match=rf"{path.name}.*delete") as err:
+        forcing.HiddenCache(tmp_path / "h").rows([seq])
+    assert str(path) in str(err.value)
+    with pytest.raises(storage.DamagedTableError, match=path.name):
+        storage.read_tensors(path)
+    with pytest.raises(storage.DamagedTableError, match=rf"{path.name}: its header"):
+        forcing.HiddenCache(tmp_path / "h").index()  # what a read of part of a shard uses
+
+
+def test_a_part_removed_with_the_manifest_reforged_by_the_packages_own_routine_is_refused(tmp_path):
+    """Issue 44 item 11: a part removed and the manifest re-forged (its list checksum
+    recomputed with ``parts_checksum``) was read as 2,334 of 3,862 rows and reused. A token
+    table's key says how many rows it holds; the key hashes to the key_sha every part
+    carries, so the count cannot be changed without rewriting every part."""
+    from rlprobe_nb.tables.keys import key_sha
+
+    table = storage.ShardedTable(tmp_path / "s", SCHEMA, unique=["id"])
+    table.begin({"inputs": 1, "settings": {"rows": 12}})
+    for k in range(3):
+        table.write_shard(f"{k:05d}", frame(4, start=4 * k))
+    table.finish({"suite": "test"}, ["00000", "00001", "00002"])
+    folder = tmp_path / "s"
+    assert len(storage.read_table(folder)) == 12
+    man = json.loads((folder / storage.MANIFEST).read_text())
+    gone = man["parts"].pop(1)
+    (folder / gone["file"]).unlink()
+    man["rows"] -= gone["rows"]
+    man["shards"] -= 1
+    man["parts_sha256"] = storage.parts_checksum(man["parts"], man["rows"], man["key_sha"])
+    (folder / storage.MANIFEST).write_text(json.dumps(man))
+    with pytest.raises(storage.DamagedTableError, match="lists 8 rows.*computed to hold 12"):
+        storage.read_table(folder)
+    man["key"]["settings"]["rows"] = 8  # the key edited too: it no longer hashes to key_sha
+    (folder / storage.MANIFEST).write_text(json.dumps(man))
+    with pytest.raises(storage.DamagedTableError, match="does not hash to its key_sha"):
+        storage.read_table(folder)
+    man["key_sha"] = key_sha(man["key"])  # and key_sha: the parts carry the old one
+    man["parts_sha256"] = storage.parts_checksum(man["parts"], man["rows"], man["key_sha"])
+    (folder / storage.MANIFEST).write_text(json.dumps(man))
+    with pytest.raises(storage.DamagedTableError, match="belongs to another table"):
+        storage.read_table(folder)
+
+
+def test_a_token_tables_key_names_its_rows():
+    from rlprobe_nb import forcing
+
+    seqs = forcing.SequenceSet([forcing.make_sequence("r#0", "r", [1, 2, 3], [4, 5, 6, 7])])
+    assert forcing.table_key(seqs, "a", "b", 4)["settings"]["rows"] == seqs.n_rows() == 4

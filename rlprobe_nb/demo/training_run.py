@@ -78,7 +78,9 @@ def load_recorded_run(run_dir: str | Path | None = None, P=None) -> dict:
         raise FileNotFoundError(
             f"{run_dir} holds no recorded demo run (no manifest.json); train one with "
             "scripts/train_demo_suite.py on a GPU and ship it with demo.shipping.ship_run")
-    manifest = storage.read_json(run_dir / "manifest.json")
+    manifest = storage.read_json_object(
+        run_dir / "manifest.json", "restore the run's files from the repository (git "
+        "checkout) or from the training run that wrote them")
     if P is not None:
         stop_tokens.check_recorded(P.reference, manifest.get("stop_tokens"),
                                    stop_tokens.declared(P.reference, P),

@@ -168,13 +168,21 @@ class HiddenCache:
                 m = _DATA_RE.match(path.name)
                 if not m:
                     continue
-                with safe_open(str(path), framework="pt", device="cpu") as f:
-                    meta = f.metadata() or {}
-                size = meta.get("batch_tokens")  # absent: written before sizes were recorded
-                self._batch_tokens[m["stem"]] = UNRECORDED if size is None else int(size)
+                try:
+                    with safe_open(str(path), framework="pt", device="cpu") as f:
+                        meta = f.metadata() or {}
+                    size = meta.get("batch_tokens")  # absent: written before sizes were recorded
+                    members = list(zip(json.loads(meta["rollout_ids"]), json.loads(meta["rows"]),
+                                       json.loads(meta["hashes"])))
+                    size = UNRECORDED if size is None else int(size)
+                except Exception as err:  # safetensors' own error type, JSON, a missing key
+                    raise storage.DamagedTableError(
+                        f"{path}: its header cannot be read ({type(err).__name__}: "
+                        f"{str(err)[:100]}): the hidden-state shard is damaged or truncated; "
+                        "delete it (it is recomputed on the next run)") from err
+                self._batch_tokens[m["stem"]] = size
                 start = 0
-                for rid, n, hsh in zip(json.loads(meta["rollout_ids"]), json.loads(meta["rows"]),
-                                       json.loads(meta["hashes"])):
+                for rid, n, hsh in members:
                     idx.setdefault(rid, (m["stem"], start, n, hsh))
                     start += n
             self._index = idx

@@ -130,10 +130,13 @@ def table_key(seqs: SequenceSet, checkpoint: str, reference: str, topk: int,
               inputs: dict | None = None) -> dict:
     """The token table's key: the caller's key (``lineage.tokens_key``: model identities,
     parameters, the rollouts table, the code) with the forced sequences (ids, labels,
-    tokenizer), the pair and top-k added to its settings."""
+    tokenizer) and their number of rows, the pair and top-k added to its settings."""
     base = dict(inputs) if inputs else {"table": "tokens"}
+    # "rows": how many rows the table holds (one per forced response token); in the key,
+    # so a part removed with the manifest's totals and checksum redone is still refused
+    # (``storage.verify``) unless every part is rewritten under another key
     settings = {**base.get("settings", {}), "checkpoint": checkpoint, "reference": reference,
-                "sequences": seqs.fingerprint(), "topk": int(topk)}
+                "sequences": seqs.fingerprint(), "rows": int(seqs.n_rows()), "topk": int(topk)}
     return {**base, "settings": settings}
 
 

@@ -72,6 +72,23 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], temperatures: lis
                              compiled=compiled, pad=tokenizer.pad_token_id, progress=progress)
 
 
+def check_context(model, prompt_of: dict[str, list[int]], max_new_tokens: int,
+                  model_name: str) -> None:
+    """Every prompt with its response budget fits the model's context (its config's
+    ``max_position_embeddings``), or a ValueError naming the longest problems."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    if not context:
+        return
+    over = sorted(((len(ids), pid) for pid, ids in prompt_of.items()
+                   if len(ids) + max_new_tokens > context), reverse=True)
+    if over:
+        raise ValueError(
+            f"{len(over)} problems' prompts with max_new_tokens={max_new_tokens} do not fit "
+            f"the context of {model_name} ({context} tokens), e.g. "
+            + ", ".join(f"{pid} ({n} prompt tokens)" for n, pid in over[:3])
+            + "; drop or shorten those problems, or lower max_new_tokens")
+
+
 def _tasks(problems: pd.DataFrame, n_per_problem: int, temperatures: list[float], seed: int,
            samples: Iterable[int] | None = None) -> list[dict]:
     samples = list(range(n_per_problem)) if samples is None else list(samples)
@@ -101,6 +118,7 @@ def generate_rollouts(model, tokenizer, problems: pd.DataFrame, *, model_name: s
     text = problems.set_index("problem_id")["problem"]
     gold = problems.set_index("problem_id")["answer"]
     prompt_of = {pid: prompt_ids(tokenizer, text[pid], template) for pid in problems["problem_id"]}
+    check_context(model, prompt_of, max_new_tokens, model_name)
     label = progress if isinstance(progress, str) else f"sampling {model_name}"
     bar = tqdm(total=len(tasks), desc=label, disable=progress is False, leave=False)
     out = generate_batch(model, tokenizer, [prompt_of[t["problem_id"]] for t in tasks],

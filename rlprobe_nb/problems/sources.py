@@ -35,6 +35,11 @@ class ProblemsError(ValueError):
     """Bad problem input; the message names the input and the fix."""
 
 
+# A competition problem is a few hundred characters (MATH's longest: about 4,000). Text
+# beyond this is not a problem statement (a pasted file?); refused before tokenizing it.
+MAX_PROBLEM_CHARS = 32_000
+
+
 # --------------------------------------------------------------------------- normalising
 
 
@@ -67,6 +72,10 @@ def to_frame(records: list[dict], source: str, default_ids: list[str] | None = N
         r = {k: (None if _missing(v) else v) for k, v in r.items()}  # parquet/pandas nulls
         if not r.get("problem"):
             raise ProblemsError(f"{where}: missing 'problem' text")
+        if len(str(r["problem"])) > MAX_PROBLEM_CHARS:
+            raise ProblemsError(f"{where}: its problem text has {len(str(r['problem'])):,} "
+                                f"characters, more than a problem statement may have "
+                                f"({MAX_PROBLEM_CHARS:,}); fix or drop that row")
         pid = r.get("unique_id") or r.get("problem_id")
         if not pid:
             if default_ids is None:

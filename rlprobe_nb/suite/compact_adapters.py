@@ -12,8 +12,8 @@ quickly and to carry to a GPU whole.
 A compact adapter folder holds ``adapter_config.json`` and ``adapter_int8.safetensors``
 (its metadata names the encoding and the sha256 of the original weights file). PEFT
 cannot read it, so ``loadable`` decodes it to float32 ``adapter_model.safetensors`` in a
-cache folder named after the compact file's hash (written atomically, reused after), and
-returns that folder.
+cache folder named after the compact file's hash (written atomically, reused after, and
+verified against the sha256 of what it wrote each time it is used), and returns that folder.
 """
 
 from __future__ import annotations
@@ -111,9 +111,40 @@ def metadata(folder: str | os.PathLike) -> dict:
         return dict(f.metadata() or {})
 
 
+DECODED_RECORD = "decoded_from.json"
+
+
+def _decoded_state(target: Path, digest: str) -> str | None:
+    """"older" for a decoded cache folder without a verifiable record (an older version
+    of the book wrote none: decoded again), None when intact, else what is wrong. Its
+    record names the compact file it was decoded from and the sha256 of each file it
+    wrote; a byte changed in either file is found here."""
+    from rlprobe_nb.tables.provenance import sha256_file
+
+    try:
+        record = json.loads((target / DECODED_RECORD).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "older"
+    except (OSError, ValueError) as err:
+        return f"its {DECODED_RECORD} cannot be read ({type(err).__name__})"
+    if not isinstance(record, dict):
+        return f"its {DECODED_RECORD} is not a mapping"
+    if "written" not in record:
+        return "older"
+    written = record["written"]
+    if not isinstance(written, dict) or record.get(ENCODED_FILE) != digest:
+        return f"its {DECODED_RECORD} does not record the files decoded from {digest[:16]}"
+    for name in (PEFT_FILE, CONFIG_FILE):
+        if not (target / name).is_file() or sha256_file(target / name) != written.get(name):
+            return f"{target / name} does not match the sha256 recorded when it was decoded"
+    return None
+
+
 def loadable(folder: str | os.PathLike, cache_root: str | os.PathLike) -> Path:
     """A folder PEFT can load: ``folder`` itself, or for a compact adapter its decoded
-    copy under ``cache_root`` (made once, keyed by the compact file's sha256)."""
+    copy under ``cache_root`` (made once, keyed by the compact file's sha256, and checked
+    against the sha256 of each file it wrote every time it is used: a damaged copy is
+    refused by name, never loaded)."""
     from safetensors.torch import load_file, save_file
 
     from rlprobe_nb.tables.provenance import sha256_file
@@ -125,12 +156,20 @@ def loadable(folder: str | os.PathLike, cache_root: str | os.PathLike) -> Path:
         raise CompactAdapterError(f"{folder} holds {ENCODED_FILE} but no {CONFIG_FILE}")
     digest = sha256_file(folder / ENCODED_FILE)
     target = Path(cache_root) / digest[:16]
-    if (target / PEFT_FILE).is_file():
+    state = _decoded_state(target, digest) if target.exists() else "absent"
+    if state is None:
         return target
-    with atomic_folder(target, keep_existing=True) as tmp:
+    if state not in ("absent", "older"):
+        raise CompactAdapterError(
+            f"the decoded copy of {folder / ENCODED_FILE} in {target} is damaged ({state}): "
+            f"delete {target}; it is decoded again from {folder} on next use")
+    # a folder of an older version is replaced; a new one is left to whoever wrote it first
+    with atomic_folder(target, keep_existing=state == "absent") as tmp:
         shutil.copyfile(folder / CONFIG_FILE, tmp / CONFIG_FILE)
         save_file(decode_tensors(load_file(str(folder / ENCODED_FILE))), str(tmp / PEFT_FILE),
                   metadata={"format": "pt", "decoded_from_sha256": digest})
-        (tmp / "decoded_from.json").write_text(json.dumps(
-            {"folder": str(folder), ENCODED_FILE: digest, **metadata(folder)}, indent=2) + "\n")
+        written = {name: sha256_file(tmp / name) for name in (PEFT_FILE, CONFIG_FILE)}
+        (tmp / DECODED_RECORD).write_text(json.dumps(
+            {"folder": folder.name, ENCODED_FILE: digest, "written": written,
+             **metadata(folder)}, indent=2) + "\n")
     return target

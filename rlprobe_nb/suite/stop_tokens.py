@@ -69,11 +69,27 @@ def resolve(name: str, P, model, tokenizer) -> list[int]:
     return ids_of(texts, tokenizer, name) if texts is not None else default_ids(model, tokenizer)
 
 
+def read_training_record(folder: Path) -> Optional[dict]:
+    """The training record of an adapter folder (None when it has none), or an error
+    naming the file when it is not a JSON mapping."""
+    from rlprobe_nb.tables.atomic import read_json_object
+
+    record = Path(folder) / TRAINING_RECORD
+    if not record.is_file():
+        return None
+    return read_json_object(record, "restore it from the training run that wrote the adapter")
+
+
 def check_recorded(name: str, recorded: Optional[list[str]], suite_texts: Optional[list[str]],
                    where: Path | str) -> None:
     """Refuse a model whose training stopped at other tokens than the suite declares."""
     if recorded is None:
         return
+    if not isinstance(recorded, list) or not all(isinstance(t, str) and t for t in recorded):
+        raise StopTokenError(
+            f"{where}: its stop_tokens is {recorded!r}, not a list of token texts (e.g. "
+            "['<|im_end|>']): the file is damaged or hand-edited; restore it from the run "
+            "that wrote it")
     if suite_texts is None or sorted(recorded) != sorted(suite_texts):
         said = "declares none (the tokenizer's EOS would decide)" if suite_texts is None \
             else f"declares {sorted(suite_texts)}"

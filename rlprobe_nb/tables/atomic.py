@@ -105,6 +105,25 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+class DamagedFileError(ValueError):
+    """A record file (JSON) cannot be read as what it should hold; the message names it."""
+
+
+def read_json_object(path: str | os.PathLike, fix: str) -> dict:
+    """A JSON file that holds a mapping, or DamagedFileError naming the file and ``fix``
+    (what to do about it) instead of a bare decoding error."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise DamagedFileError(f"{path} is not valid JSON ({type(err).__name__}: "
+                               f"{str(err)[:120]}): {fix}") from err
+    if not isinstance(value, dict):
+        raise DamagedFileError(f"{path} holds a JSON {type(value).__name__}, not the mapping "
+                               f"expected: {fix}")
+    return value
+
+
 def sha256_of(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:

@@ -67,15 +67,20 @@ UNIQUE = {
 _GRADER = ("problems/grading.py", "problems/grading_pool.py")
 _SAMPLING = ("generation/*.py", "suite/prompting.py") + _GRADER
 _STATS = ("statistics.py",)
+# The code that builds a model from its files (the merge of an adapter, the decoding of a
+# compact one, the GGUF conversion, the loader, the stop tokens): in the key of every
+# table computed by running a model, and so, through their keys, of every table below.
+MODEL_CODE = ("suite/models.py", "suite/lora_merge.py", "suite/compact_adapters.py",
+              "suite/gguf_cache.py", "suite/stop_tokens.py")
 CODE: dict[str, tuple[str, ...]] = {
     "problems": ("problems/sources.py", "problems/arithmetic.py"),
-    "answers": _SAMPLING,
+    "answers": _SAMPLING + MODEL_CODE,
     "selection": ("problems/filtering.py",) + _STATS,
-    "rollouts": _SAMPLING + ("problems/sources.py",),
-    "tokens": ("forcing/*.py", "suite/prompting.py", "suite/tokenizers.py"),
+    "rollouts": _SAMPLING + MODEL_CODE + ("problems/sources.py",),
+    "tokens": ("forcing/*.py", "suite/prompting.py", "suite/tokenizers.py") + MODEL_CODE,
     "divergence": ("divergence/*.py",) + _STATS,
     "spikes": ("spikes/*.py", "views.py") + _STATS,
-    "branches": ("counterfactuals/*.py",) + _SAMPLING + _STATS,
+    "branches": ("counterfactuals/*.py",) + _SAMPLING + MODEL_CODE + _STATS,
 }
 GRADER_PACKAGES = ("math-verify", "latex2sympy2_extended")
 
@@ -174,6 +179,16 @@ def key(P: params.Params, table: str, *, inputs: Optional[dict[str, str]] = None
     }
 
 
+def _patterns_now(have: dict) -> tuple[str, ...]:
+    """The source patterns a table's code is declared by today (``CODE``): a file added
+    to a table's code since it was written makes it stale, naming the file. A table of no
+    declared stage keeps the patterns its key recorded."""
+    try:
+        return code_of(str(have.get("table")))
+    except KeyError:
+        return tuple((have.get("code") or {}).get("patterns") or ())
+
+
 def recompute(P: params.Params, have: dict, man: dict) -> dict:
     """The key a table would have now, from its recorded key's ingredient names: its
     inputs' current key hashes (checked each time: an input may have been rewritten since)
@@ -187,7 +202,7 @@ def recompute(P: params.Params, have: dict, man: dict) -> dict:
             "params": {name: param_value(Pw, name) for name in have.get("params") or {}},
             "models": {name: models.model_identity(name, Pw) for name in have.get("models") or {}},
             "files": {name: _file_sha(Pw, name) for name in have.get("files") or {}},
-            "code": code_hashes(P, tuple((have.get("code") or {}).get("patterns") or ())),
+            "code": code_hashes(P, _patterns_now(have)),
             "packages": {name: package_version(name) for name in have.get("packages") or {}},
             "settings": have.get("settings") or {},
         }

@@ -47,12 +47,14 @@ import pyarrow.parquet as pq
 from rlprobe_nb.tables.atomic import (
     DIR_MODE,
     FILE_MODE,
+    DamagedFileError,  # noqa: F401
     DamagedTableError,
     atomic_path,
     atomic_write_json,
     atomic_write_text,
     fingerprint,
     read_json,
+    read_json_object,  # noqa: F401
     sha256_of,
 )
 from rlprobe_nb.tables.locks import LOCK_FILE, TableBusyError, acquire_lock, writer_lock  # noqa: F401
@@ -193,7 +195,7 @@ def read_manifest(folder: str | os.PathLike) -> dict:
     return read_json(folder / MANIFEST)
 
 
-_VERIFIED: dict[tuple, bool] = {}  # (file, size, mtime_ns, sha) already checked here
+_VERIFIED: dict[tuple, bool] = {}  # (file, size, mtime_ns, sha, table key) checked here
 
 
 def verify(folder: str | os.PathLike) -> dict:
@@ -215,6 +217,7 @@ def verify(folder: str | os.PathLike) -> dict:
             f"{folder / MANIFEST}: its part list does not match its checksum (edited, or "
             "written by an older version of the book): delete the table and rerun the "
             "notebook that writes it")
+    _check_key_rows(folder, man)
     on_disk = {p.name for p in folder.glob("part-*.parquet")}
     extra, missing = sorted(on_disk - set(listed)), sorted(set(listed) - on_disk)
     if extra or missing:
@@ -232,9 +235,28 @@ def verify(folder: str | os.PathLike) -> dict:
     return man
 
 
+def _check_key_rows(folder: Path, man: dict) -> None:
+    """The manifest's key hashes to its key_sha (which every part carries), and where the
+    key says how many rows the table has (``settings.rows``), the manifest has them: a
+    part removed, with the part list, totals and checksum redone, is refused."""
+    key = man.get("key")
+    if key is None:
+        return
+    if man.get("key_sha") != key_sha_of(key):
+        raise DamagedTableError(f"{folder / MANIFEST}: its key does not hash to its key_sha "
+                                "(edited by hand?): delete the table and rerun the notebook "
+                                "that writes it")
+    want = (key.get("settings") or {}).get("rows") if isinstance(key, dict) else None
+    if want is not None and man.get("rows") != want:
+        raise DamagedTableError(
+            f"{folder}: the manifest lists {man.get('rows')} rows, but the table was computed "
+            f"to hold {want} (its key): a part was removed? delete the table and rerun the "
+            "notebook that writes it")
+
+
 def _verify_part(path: Path, entry: dict, table_key: str | None) -> None:
     st = path.stat()
-    memo = (str(path), st.st_size, st.st_mtime_ns, entry["sha256"])
+    memo = (str(path), st.st_size, st.st_mtime_ns, entry["sha256"], table_key)
     if memo in _VERIFIED:
         return
     if sha256_of(path) != entry["sha256"]:

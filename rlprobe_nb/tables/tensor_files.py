@@ -104,9 +104,17 @@ def read_tensors(path: str | os.PathLike, names: list[str] | None = None,
         size = int.from_bytes(raw, "little")
         head = f.read(size)
         if len(raw) < 8 or len(head) < size:
-            raise EOFError(f"{path} is truncated")
-        header = json.loads(head)
-        meta = header.pop("__metadata__", {}) or {}
+            raise DamagedTableError(f"{path} is truncated (its header is cut short): delete "
+                                    "it and rerun to recompute it")
+        try:
+            header = json.loads(head)
+            meta = header.pop("__metadata__", {}) or {}
+            if not all(isinstance(e, dict) and "data_offsets" in e for e in header.values()):
+                raise ValueError("a tensor entry without data_offsets")
+        except (ValueError, AttributeError, TypeError) as err:
+            raise DamagedTableError(f"{path}: its header is not a safetensors header "
+                                    f"({type(err).__name__}: {str(err)[:80]}): the file is "
+                                    "damaged; delete it and rerun to recompute it") from err
         entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
         wanted = names if names is not None else [n for n, _ in entries]
         for name in wanted:

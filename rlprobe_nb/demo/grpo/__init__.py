@@ -52,6 +52,7 @@ One idea per module:
 
 from rlprobe_nb.demo.grpo.advantages import group_advantages, is_correct, permuted_rewards, rewards
 from rlprobe_nb.demo.grpo.checkpoints import (
+    NonFiniteStateError,
     load_adapter_weights,
     load_state,
     lora_state,
@@ -75,5 +76,5 @@ __all__ = [
     "lora_state", "save_adapter", "save_state", "BASE_MODEL_ID", "GRPOConfig", "evaluate",
     "evaluation_models", "write_jsonl", "generate", "left_pad", "autocast", "batch_tensors",
     "chunked_logprobs", "completion_logprobs", "Sampler", "load_policy", "LOG_COLUMNS",
-    "_optimizer_step", "train",
+    "_optimizer_step", "train", "NonFiniteStateError",
 ]

@@ -21,18 +21,34 @@ def lora_state(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
 
 
+class NonFiniteStateError(RuntimeError):
+    """A state or adapter about to be saved holds a weight that is not finite."""
+
+
+def check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Refuse to save ``tensors`` when any holds NaN or inf, naming them: a state saved
+    after a bad step could not resume (every later step NaN)."""
+    bad = [k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise NonFiniteStateError(
+            f"{what}: {len(bad)} tensors hold NaN or inf (e.g. {bad[:3]}); not saved. The "
+            "training diverged: resume from the last saved state with a smaller learning "
+            "rate, or look at the log's steps before this one")
+
+
 def save_adapter(model, folder: Path, meta: dict, base_model: str = BASE_MODEL_ID) -> Path:
     """adapter_config.json + adapter_model.safetensors (bf16), written atomically.
     ``base_model`` names what the adapter sits on (recorded, never resolved)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
+    state = {k: v.to(torch.bfloat16) for k, v in lora_state(model).items()}
+    check_finite(state, f"adapter {folder}")
     tmp = folder.with_name(f".{folder.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     config = dataclasses.replace(model.peft_config["default"], base_model_name_or_path=base_model)
     config.save_pretrained(str(tmp))
-    state = {k: v.to(torch.bfloat16) for k, v in lora_state(model).items()}
     save_file(state, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
     (tmp / "rlprobe_training.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     _replace_dir(tmp, folder)
@@ -52,10 +68,12 @@ def save_state(out: Path, model, optimizer, step: int, rnd: int, cfg: GRPOConfig
     from safetensors.torch import save_file
 
     state_dir = out / "state"
+    weights = lora_state(model)
+    check_finite(weights, f"training state at step {step} ({state_dir})")
     tmp = out / ".state.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(lora_state(model), str(tmp / "lora.safetensors"))
+    save_file(weights, str(tmp / "lora.safetensors"))
     opt = {}
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
@@ -67,6 +85,7 @@ def save_state(out: Path, model, optimizer, step: int, rnd: int, cfg: GRPOConfig
     rng = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["torch_cuda"] = torch.cuda.get_rng_state()
+    check_finite(opt, f"optimizer state at step {step} ({state_dir})")
     save_file(opt, str(tmp / "optimizer.safetensors"))
     save_file(rng, str(tmp / "rng.safetensors"))
     (tmp / "progress.json").write_text(json.dumps(

@@ -1,6 +1,8 @@
 """The GRPO loop: rounds of sampling, rewarding and scoring, then clipped-ratio optimizer
 steps with a KL penalty to the start model; logs each step to a CSV and resumes from the
-last saved state."""
+last saved state. A step whose loss or gradient norm is not finite is skipped (the
+weights stay as they were; the log's ``skipped`` column marks it), and no state or
+adapter with a non-finite weight is ever saved (``checkpoints``)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from rlprobe_nb.suite import prompting
 LOG_COLUMNS = [
     "step", "round", "reward_mean", "accuracy", "format_rate", "kl_to_start", "loss",
     "clip_frac", "completion_len_mean", "completion_len_max", "truncated_frac",
-    "grad_norm", "lr", "seconds",
+    "grad_norm", "lr", "skipped", "seconds",
 ]
 
 
@@ -53,7 +55,7 @@ def train(cfg: GRPOConfig, out: str | os.PathLike, device: str = "cuda", workers
     pool = arithmetic.generate_problems("train", cfg.train_pool_size, cfg.seed)
     prompt_cache: dict[str, list[int]] = {}
     bar = tqdm(total=cfg.total_steps, initial=step, disable=not progress, desc="GRPO steps")
-    last_ckpt, t0 = step, time.time()
+    last_ckpt, t0, skipped = step, time.time(), 0
     while step < cfg.total_steps:
         batch = _sample_round(policy, sampler, tokenizer, cfg, pool, prompt_cache, rnd, device,
                               workers)
@@ -63,6 +65,11 @@ def train(cfg: GRPOConfig, out: str | os.PathLike, device: str = "cuda", workers
             stats = _train_step(policy, optimizer, cfg, device, tokenizer.pad_token_id, batch,
                                 idx, step)
             step += 1
+            if stats["skipped"]:
+                skipped += 1
+                print(f"step {step}: loss {stats['loss']}, gradient norm {stats['grad_norm']}: "
+                      f"not finite, step skipped (weights unchanged; {skipped} skipped so far "
+                      "in this process)", flush=True)
             row = _log_row(step, rnd, batch, idx, stats, optimizer, t0)
             with open(log_path, "a", newline="") as f:
                 csv.DictWriter(f, LOG_COLUMNS).writerow(row)
@@ -166,7 +173,7 @@ def _log_row(step, rnd, batch, idx, stats, optimizer, t0) -> dict:
         "completion_len_mean": float(np.mean(lens)), "completion_len_max": int(np.max(lens)),
         "truncated_frac": float(np.mean([not batch["stopped"][i] for i in idx])),
         "grad_norm": stats["grad_norm"], "lr": optimizer.param_groups[0]["lr"],
-        "seconds": round(time.time() - t0, 2),
+        "skipped": int(stats["skipped"]), "seconds": round(time.time() - t0, 2),
     }
 
 
@@ -198,9 +205,15 @@ def _optimizer_step(policy, optimizer, cfg, device, pad_id, prompts, completions
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(
         [p for p in policy.parameters() if p.requires_grad], cfg.grad_clip)
-    optimizer.step()
+    # A step whose loss or gradient norm is not finite is skipped: stepped anyway, it made
+    # every weight NaN (the demo's second placebo run, step 1013) and the run was lost.
+    skipped = not (torch.isfinite(loss) and torch.isfinite(grad_norm))
+    if skipped:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
     with torch.no_grad():
         clipped = ((ratio - 1).abs() > cfg.clip_eps).float()
         return {"loss": float(loss), "kl": float((k3 * m).sum() / m.sum()),
                 "clip_frac": float((clipped * m).sum() / m.sum()),
-                "grad_norm": float(grad_norm)}
+                "grad_norm": float(grad_norm), "skipped": bool(skipped)}
