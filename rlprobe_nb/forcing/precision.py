@@ -14,11 +14,14 @@ the demo suite and the tests hold the engine to it.
 
 What a batch size may change (``batch_effect``): the model body's kernels round some
 positions of a sequence differently when its batch pads it or not (measured on the CPU:
-those past its last full block of 16 positions), so a few percent of the rows move, each
-by float32 rounding of the hidden states, and a value of the table moves by at most
-``BATCH_TOLERANCE`` × max(1, |value|) nats: absolute below 1 nat, relative above (a k2 of
-37 nats moves more than a KL of 0.1). That is below the table's own error against a
-float64 forward of the models, which is why batch and chunk sizes are in no table's key.
+those past its last full block of 16 positions), so rows move by float32 rounding of the
+hidden states, and a value of the table moves by at most ``BATCH_TOLERANCE`` ×
+max(1, |value|) nats: absolute below 1 nat, relative above (a k2 of 37 nats moves more
+than a KL of 0.1). How many rows move depends on the padding: 1.8% of 2,839 demo tokens,
+59% of the demo's whole forced set of 3,862 (``benchmarks/batch_effect_demo.py``), where
+the largest change was 1.3e-4 nats on KL(ckpt‖ref); the tolerance is about twice that.
+A change in the fourth decimal of a KL is why batch and chunk sizes are in no table's key
+(a table names every size its rows were computed at in its manifest).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ METRICS = metrics.FLOAT_METRICS + metrics.INT_METRICS
 # significant digit when its inputs are float32 (log r ~ k1 is a difference of two logits).
 FLOORS = {**{m: 0.03 for m in metrics.FLOAT_METRICS}, "k1": 0.3, "k2": 0.3, "k3": 0.3}
 KW = dict(suite="precision", topk=5, device="cpu", compile=False, progress=False)
-BATCH_TOLERANCE = 1e-4
+BATCH_TOLERANCE = 2.5e-4  # measured: 1.3e-4 on KL(ckpt||ref), the demo's whole forced set
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
