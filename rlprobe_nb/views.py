@@ -266,3 +266,41 @@ def show(chart, save_as: str | Path | None = None) -> ChartView:
             tmp.write_bytes(vlc.vegalite_to_png(spec_json, scale=2))
     spec = readable_tooltips(zoomable(chart).to_dict())
     return ChartView(spec, svg, _title(spec), Path(save_as).with_suffix(".svg").name if save_as else None)
+
+
+def how_made(facts, summary: str = "How this page was made"):
+    """Provenance for a reader who wants it, folded: ``facts`` (a manifest or any mapping,
+    or lines of text) in a closed ``<details>`` block under ``summary``. The exported page
+    shows folders relative to the book (``pages.for_reader``)."""
+    import html
+
+    import yaml
+    from IPython.display import HTML
+
+    if isinstance(facts, (list, tuple)):
+        body = "\n".join(str(line) for line in facts)
+    else:
+        body = yaml.safe_dump(_plain(facts), sort_keys=False, allow_unicode=True, width=100)
+    return HTML(f'<details class="rp-made"><summary>{html.escape(summary)}</summary>'
+                f'<pre style="white-space:pre-wrap">{html.escape(body)}</pre></details>')
+
+
+def _plain(value):
+    """``value`` with only the types YAML writes plainly (paths and numpy scalars as text)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def finding_slot(text: str = "*The chapter's finding is written here once its tables are read "
+                             "(below).*"):
+    """A display near the top of a chapter that the chapter fills in at its end with
+    ``slot.update(Markdown(...))``: the page opens with its finding, computed from the
+    tables the chapter reads further down (an executed notebook keeps the update)."""
+    from IPython.display import Markdown, display
+
+    return display(Markdown(text), display_id=True)
