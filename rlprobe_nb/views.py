@@ -146,6 +146,17 @@ TOOLTIP_CHANNELS = ("row", "column", "facet", "x", "x2", "xOffset", "y", "y2", "
 HOVER_POINTS = {"filled": True, "opacity": 0, "size": 80}
 # Names for the interval bounds, which have no axis title of their own (y2 of a rule).
 BOUND_NAMES = {"low": "95% interval, low", "high": "95% interval, high"}
+# What a reader calls a column a tooltip shows under no title of the chart's own.
+FIELD_NAMES = {**BOUND_NAMES, "kl_ref_ckpt": "KL(ref‖ckpt)", "kl_ckpt_ref": "KL(ckpt‖ref)",
+               "js": "Jensen–Shannon", "dlogp": "Δlogp", "step": "RL step",
+               "rollout_id": "rollout", "problem_id": "problem", "pos": "position",
+               "logp_ref": "log p (reference)", "logp_ckpt": "log p (checkpoint)",
+               "rank_ref": "rank (reference)", "rank_ckpt": "rank (checkpoint)",
+               "entropy_ref": "entropy (reference)", "entropy_ckpt": "entropy (checkpoint)",
+               "entropy_decile": "decile of the reference's entropy",
+               "wilson_low": "Wilson low", "wilson_high": "Wilson high", "p": "p-value",
+               "q": "q-value", "onset_step": "onset step", "significant": "spike here",
+               "statistic": "test statistic T", "n_rollouts": "rollouts"}
 
 
 def _field_title(channel_def: dict) -> str:
@@ -155,11 +166,14 @@ def _field_title(channel_def: dict) -> str:
     if title:
         return str(title)
     field = str(channel_def["field"])
-    return BOUND_NAMES.get(field, field)
+    return FIELD_NAMES.get(field, field)
 
 
 def _readable_entry(entry: dict) -> dict:
-    """A tooltip entry with a number format (four significant digits) if it is quantitative."""
+    """A tooltip entry named as a reader would (``FIELD_NAMES``, where the chart gave no
+    title), with a number format (four significant digits) if it is quantitative."""
+    if "title" not in entry and "field" in entry and str(entry["field"]) in FIELD_NAMES:
+        entry = {**entry, "title": FIELD_NAMES[str(entry["field"])]}
     if entry.get("type") == "quantitative" and "format" not in entry and "aggregate" not in entry:
         return {**entry, "format": TOOLTIP_NUMBER}
     return entry

@@ -11,7 +11,11 @@ that built it needs.
   folder moved elsewhere by its environment variable is named by that variable
   (``$RLPROBE_CACHE/models/…``).
 
-Both apply to every text output (streams, plain text, HTML, markdown) of every page.
+- **The build's log.** What a chapter says about its tables (``reusing …``, ``computing
+  …``, ``recomputing …``: the book's promise that nothing stale is served) is kept, folded
+  under "How this page was made" where the chapter printed it.
+
+The first two apply to every text output (streams, plain text, HTML, markdown) of every page.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from rlprobe_nb.suite import paths
 # "<n>it [..]" form without a total.
 PROGRESS_BAR = re.compile(r"^.*?(?:\d{1,3}%\|.*\|\s*\S+/\S+|\d+it)\s*\[[^\]]*\]\s*$")
 TEXT_TYPES = ("text/plain", "text/html", "text/markdown", "text/latex")
+BUILD_LOG = re.compile(r"^(?:reusing|computing|recomputing) ")
+MADE = "How this page was made"
 
 
 def roots() -> list[tuple[str, str]]:
@@ -60,15 +66,34 @@ def without_progress_bars(text: str) -> str:
     return "".join(kept)
 
 
+def folded_log(lines: list[str]):
+    """The build's log lines as a closed "How this page was made" block (an output)."""
+    import html
+
+    import nbformat
+
+    body = html.escape("".join(lines))
+    return nbformat.v4.new_output("display_data", data={
+        "text/html": f'<details class="rp-made"><summary>{MADE}</summary>'
+                     f'<pre style="white-space:pre-wrap">{body}</pre></details>',
+        "text/plain": "".join(lines)})
+
+
 def for_reader(nb) -> None:
     """Clean every text output of ``nb`` (an nbformat notebook) in place: no progress bar,
-    no absolute path of this machine. A stream left empty is dropped."""
+    no absolute path of this machine, the build's log folded. A stream left empty is
+    dropped."""
     folders = roots()
     for cell in nb.cells:
         kept = []
         for output in cell.get("outputs", []):
             if output.get("output_type") == "stream":
-                output["text"] = relative_paths(without_progress_bars(output.get("text", "")), folders)
+                text = relative_paths(without_progress_bars(output.get("text", "")), folders)
+                lines = text.splitlines(keepends=True)
+                log = [line for line in lines if BUILD_LOG.match(line)]
+                output["text"] = "".join(line for line in lines if not BUILD_LOG.match(line))
+                if log:
+                    kept.append(folded_log(log))
                 if not output["text"].strip():
                     continue
             for mime in TEXT_TYPES:
