@@ -149,7 +149,7 @@ Markdown(narrative.say_when(WHEN, CHANGES, group) + "\n\n"
 
 # %%
 ONSETS = TABLES.get("divergence_onsets", phases.onsets, GROUND_TRUTH)
-FINDING.update(Markdown(narrative.say_finding(WHEN, ONSETS, group)))
+FINDING.update(Markdown(narrative.say_finding(WHEN, ONSETS, GROUND_TRUTH, group)))
 Markdown(narrative.say_phases(ONSETS, group))
 
 # %%

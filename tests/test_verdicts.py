@@ -43,11 +43,15 @@ def test_the_finding_reads_the_onset_the_first_wrong_digits_and_the_placebo():
     text = verdicts.finding(rlvr, placebo, counts, separation=200)
     assert "From step 400 on, the RLVR run lowers" in text and "-1.23 [-1.9, -0.6]" in text
     assert "30 of the 37 first wrong digits" in text and "28 of them lowering" in text
-    assert "2 of 2 ground-truth labels an onset, the RLVR run's excess over the placebo 1" in text
-    assert "every kind of token" in text and "from step 400" in text
+    assert "(the placebo run) 2 of 2 ground-truth labels change lastingly too" in text
+    assert "the first wrong digits' is, from step 400." in text
+    verdict = verdicts.say_placebo_verdict(rlvr, placebo)
+    assert "every kind of token (all 2 labels, from step 100)" in verdict and "from step 400" in verdict
     none = verdicts.finding(onsets([("result_first_wrong", "no lasting change", None, "", "0 [-1, 1]")]),
                             placebo, None, None)
-    assert "no lasting change" in none and "do not change beyond the placebo" in none
+    assert "no lasting change" in none and "the first wrong digits show none." in none
+    assert "do not change beyond the placebo" in verdicts.say_placebo_verdict(
+        onsets([("result_first_wrong", "no lasting change", None, "", "0 [-1, 1]")]), placebo)
 
 
 def test_04s_group_verdict_and_finding_come_from_its_tables():
@@ -62,6 +66,11 @@ def test_04s_group_verdict_and_finding_come_from_its_tables():
                             "direction": -1, "step": s, "estimate": e, "low": e - 0.5,
                             "high": e + 0.4, "problems": 12, "most_problems": 12}
                            for c, s, e in (("result_first_wrong", 200, -2.0), ("format", 800, -0.6))])
-    finding = narrative.say_finding(when, phases)
-    assert "'result_first_wrong' lowered -2.00 [-2.50, -1.60] nats" in finding and "from step 200" in finding
-    assert "later 'format'" in finding and "At step 800 the mean KL(ref‖ckpt) is 0.500 [0.400, 0.600] nats" in finding
+    gt = pd.DataFrame([{"group": "target", "statistic": "dlogp_mean", "category": "result_first_wrong",
+                        "step": s, "estimate": e, "low": e - 1, "high": e + 1, "problems": 12}
+                       for s, e in ((200, -2.0), (800, -5.0))])
+    finding = narrative.say_finding(when, phases, gt)
+    assert "most are 'result_first_wrong': from step 200 on they lower" in finding
+    assert "(Δlogp -2.00 [-2.50, -1.60] nats at step 200, -5.00 [-6.00, -4.00] nats at step 800)" in finding
+    assert "1 other label changes lastingly too, by at most 0.600 nats" in finding
+    assert "At step 800 the mean KL(ref‖ckpt) is 0.500 [0.400, 0.600] nats" in finding

@@ -327,20 +327,29 @@ def say_temperature_problems(counts: pd.DataFrame, group: str = "target") -> str
     return text
 
 
-def say_finding(when: pd.DataFrame, onsets: pd.DataFrame, group: str = "target",
-                metric: str = "kl_ref_ckpt") -> str:
-    """The chapter's answer in two sentences: which ground-truth labels change first and
-    from which step (the onset rule), and how far the checkpoints are from the reference
-    per token at the last step."""
+def say_finding(when: pd.DataFrame, onsets: pd.DataFrame, ground_truth: pd.DataFrame,
+                group: str = "target", metric: str = "kl_ref_ckpt") -> str:
+    """The chapter's answer in two or three sentences: the ground-truth label whose written
+    tokens change most (of those with an onset, the largest mean Δlogp at its onset), from
+    which step and how far by the last step; how much the other labels with an onset move;
+    and the mean divergence per token at the last step."""
     rows = onsets[(onsets.group == group) & (onsets.status == "onset")]
     if len(rows):
-        first = rows[rows.onset_step == rows.onset_step.min()].sort_values("estimate")
-        moves = ", ".join(f"'{r.category}' {'lowered' if r.direction < 0 else 'raised'} "
-                          f"{rp.row_text(r, signed=True, unit=' nats')}" for r in first.itertuples())
-        later = sorted(set(rows.category) - set(first.category))
-        text = (f"**Finding.** The first kind of token to change lastingly is {moves} (Δlogp of "
-                f"the written token, from step {int(first.onset_step.iloc[0])})"
-                + (f"; later {_names(later)}." if later else "; no other label changes lastingly."))
+        top = rows.loc[rows.estimate.abs().idxmax()]
+        gt = ground_truth[(ground_truth.group == group) & (ground_truth.statistic == "dlogp_mean")
+                          & (ground_truth.category == top.category)]
+        end = gt.loc[gt.step.idxmax()] if len(gt) else None
+        way = "lower" if top.direction < 0 else "raise"
+        text = (f"**Finding.** The tokens the checkpoints change most are '{top.category}': from "
+                f"step {int(top.onset_step)} on they {way} the written token's log-probability "
+                f"(Δlogp {rp.row_text(top, signed=True, unit=' nats')} at step {int(top.onset_step)}")
+        if end is not None and int(end.step) != int(top.onset_step):
+            text += f", {rp.row_text(end, signed=True, unit=' nats')} at step {int(end.step)}"
+        others = rows[rows.category != top.category]
+        many = "1 other label changes" if len(others) == 1 else f"{len(others)} other labels change"
+        text += ")" + (f"; {many} lastingly too, by at most "
+                       f"{rp.fmt(others.estimate.abs().max())} nats at their onset ({_names(others.category)})."
+                       if len(others) else "; no other label changes lastingly.")
     else:
         text = "**Finding.** No ground-truth label changes lastingly at any step."
     last = when[(when.group == group) & (when.metric == metric) & (when.step > 0)]

@@ -81,11 +81,13 @@ def finding(onsets: pd.DataFrame, placebo_onsets: pd.DataFrame, counts: dict | N
     if counts and counts["digits"]:
         text += " " + say_first_wrong(counts)
     if len(placebo_onsets):
-        mine, theirs = _with_onset(onsets), _with_onset(placebo_onsets)
-        labels = (placebo_onsets.scheme == "ground_truth").sum()
-        text += (f" The placebo run's own departures give {len(theirs)} of {labels} ground-truth "
-                 f"labels an onset, the RLVR run's excess over the placebo {len(mine)}: "
-                 + say_placebo_verdict(onsets, placebo_onsets))
+        theirs = _with_onset(placebo_onsets)
+        labels = int((placebo_onsets.scheme == "ground_truth").sum())
+        kept = first is not None and first.status == "onset"
+        text += (f" Without the reward's information (the placebo run) {len(theirs)} of {labels} "
+                 "ground-truth labels change lastingly too, so only a change beyond the placebo's "
+                 "is the reward's: " + (f"the first wrong digits' is, from step {int(first.onset_step)}."
+                                        if kept else "the first wrong digits show none."))
     return text
 
 
