@@ -283,31 +283,36 @@ def show(chart, save_as: str | Path | None = None) -> ChartView:
 
 
 def how_made(facts, summary: str = "How this page was made"):
-    """Provenance for a reader who wants it, folded: ``facts`` (a manifest or any mapping,
-    or lines of text) in a closed ``<details>`` block under ``summary``. The exported page
-    shows folders relative to the book (``pages.for_reader``)."""
+    """Provenance for a reader who wants it, folded: ``facts`` (a manifest or any mapping:
+    one row per leaf, named by its path of keys; or lines of text) in a closed
+    ``<details>`` block under ``summary``. The exported page shows folders relative to the
+    book (``pages.for_reader``)."""
     import html
 
-    import yaml
     from IPython.display import HTML
 
     if isinstance(facts, (list, tuple)):
-        body = "\n".join(str(line) for line in facts)
+        body = '<pre style="white-space:pre-wrap">' + html.escape("\n".join(map(str, facts))) + "</pre>"
     else:
-        body = yaml.safe_dump(_plain(facts), sort_keys=False, allow_unicode=True, width=100)
-    return HTML(f'<details class="rp-made"><summary>{html.escape(summary)}</summary>'
-                f'<pre style="white-space:pre-wrap">{html.escape(body)}</pre></details>')
+        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                       f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in _leaves(facts))
+        body = f"<table>{rows}</table>"
+    return HTML(f'<details class="rp-made"><summary>{html.escape(summary)}</summary>{body}</details>')
 
 
-def _plain(value):
-    """``value`` with only the types YAML writes plainly (paths and numpy scalars as text)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
+def _leaves(value, path: str = ""):
+    """(path of keys, value as text) for every leaf of nested mappings; a list of plain
+    values is one leaf."""
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            yield from _leaves(v, f"{path} › {k}" if path else str(k))
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, (dict, list, tuple)) for v in value):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{path} › {i}")
+    else:
+        text = ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else \
+            "–" if value is None or value == {} else str(value)
+        yield path, text
 
 
 def finding_slot(text: str = "*The chapter's finding is written here once its tables are read "

@@ -380,3 +380,56 @@ def test_the_index_opens_with_the_answer_each_number_printed_by_the_page_it_link
         texts[page] = shown.text.replace("−", "-")
     for _, text in numbers.numbers:
         assert any(text.replace("−", "-") in t for t in texts.values()), (text, sorted(linked))
+
+
+def chart_specs(executed) -> list[dict]:
+    """Every Vega-Lite spec an executed notebook displays."""
+    out = []
+    for cell in nbformat.read(executed, 4).cells:
+        for o in cell.get("outputs", []):
+            out += [v for k, v in o.get("data", {}).items() if k.startswith("application/vnd.vegalite")]
+    return out
+
+
+def sub_charts(spec: dict):
+    yield spec
+    for key in ("hconcat", "vconcat", "concat", "layer"):
+        for part in spec.get(key, []):
+            yield from sub_charts(part)
+
+
+def rows_of(part: dict, top: dict) -> list[dict]:
+    name = (part.get("data") or {}).get("name")
+    return top.get("datasets", {}).get(name, []) if name else (part.get("data") or {}).get("values", [])
+
+
+@pytest.mark.slow
+def test_04s_accuracy_panel_draws_one_coloured_series_per_run(small_book):
+    """Issue 41, acceptance 3: the RLVR and placebo accuracies were one uncoloured zigzag."""
+    spec = next(s for s in chart_specs(small_book["figures"] / "04_divergence.ipynb")
+                if any(p.get("title") == "Accuracy" for p in sub_charts(s)))
+    panel = next(p for p in sub_charts(spec) if p.get("title") == "Accuracy")
+    lines = [p for p in sub_charts(panel) if (p.get("mark") or {}) in ("line",) or
+             (isinstance(p.get("mark"), dict) and p["mark"].get("type") == "line")]
+    assert lines and all(p["encoding"]["color"]["field"] == "run" for p in lines)
+    rows = rows_of(lines[0], spec) or rows_of(panel, spec)
+    runs = {}
+    for r in rows:
+        runs.setdefault(r["run"], []).append(r["step"])
+    assert {"RLVR", "placebo (reward permuted)"} <= set(runs), sorted(runs)
+    assert all(0 in steps and len(steps) == len(set(steps)) for steps in runs.values()), runs
+
+
+@pytest.mark.slow
+def test_05s_persistent_spike_rows_are_labelled_by_their_token_first(small_book):
+    """Issue 41, acceptance 3: a row label was cut (at 180 px) before the spike's token."""
+    from rlprobe_nb.spikes.charts import LABEL_LIMIT
+
+    spec = next(s for s in chart_specs(small_book["figures"] / "05_spikes.ipynb")
+                if any("persistent spikes ordered by onset" in json.dumps(p.get("title", ""))
+                       for p in sub_charts(s)))
+    y = next(p["encoding"]["y"] for p in sub_charts(spec) if "y" in p.get("encoding", {}))
+    labels = y["sort"]
+    assert labels and y["axis"]["labelLimit"] >= LABEL_LIMIT
+    # 10-px labels: the token's bracket within the first ~40 characters, well inside the limit
+    assert all(0 <= label.find("[") < 40 for label in labels), labels[:3]

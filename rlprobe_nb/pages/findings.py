@@ -52,13 +52,23 @@ def tokens_sentence(t: headlines.Tables) -> str:
                                fmt="signed")
     others = found[(found.scheme == "ground_truth") & (found.status == "onset")
                    & (found.category != FIRST_WRONG)]
-    return (f"From RL step {_a(ONSETS_AT, tagged(step, 'spike_label_departures', 'onset_step', None, where))} on, "
+    text = (f"From RL step {_a(ONSETS_AT, tagged(step, 'spike_label_departures', 'onset_step', None, where))} on, "
             f"the RLVR checkpoints {way} the probability of the <b>first wrong digit of a wrong "
             f"result</b>, beyond what the placebo run does at the same token (mean change "
             f"{_a(ONSETS_AT, value('estimate'))} nats [{value('low')}, {value('high')}] at that step), "
-            f"and keep doing so at every later step; "
-            + ("so do " + ", ".join(f"<code>{html.escape(str(c))}</code>" for c in others.category)
-               + "." if len(others) else "no other ground-truth label changes lastingly."))
+            "and keep doing so at every later step.")
+    if len(others):
+        sizes = [(abs(found_value(t, {"scheme": "ground_truth", "category": c, "step": int(o)}, "estimate")),
+                  c, int(o)) for c, o in zip(others.category, others.onset_step)]
+        size, category, at_step = max(sizes)
+        than = "less" if size < abs(found_value(t, at, "estimate")) else "more"
+        there = {"scheme": "ground_truth", "category": category, "step": at_step}
+        change = tagged(found_value(t, there, "estimate"), "spike_label_departures", "value",
+                        "estimate", there, fmt="signed")
+        text += (f" Other kinds of token change beyond the placebo too, by {than}: the largest, "
+                 f"<code>{html.escape(str(category))}</code>, by {_a(ONSETS_AT, change)} nats at "
+                 f"its onset (step {at_step}).")
+    return text
 
 
 def found_value(t: headlines.Tables, where: dict, column: str) -> float:
