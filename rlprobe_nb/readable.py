@@ -123,7 +123,7 @@ def frame_text(df) -> str:
         show = (number if pd.api.types.is_numeric_dtype(df[column]) and
                 not pd.api.types.is_bool_dtype(df[column])
                 else visible if is_token_column(column) else str)
-        return lambda v: "–" if _missing(v) else show(v)
+        return lambda v: "–" if _missing(v) or (isinstance(v, str) and v == "–") else show(v)
 
     formatters = {c: cell(c) for c in df.columns}
     with pd.option_context("display.max_colwidth", None):
@@ -139,15 +139,18 @@ def _frame_text(df, formatters) -> str:
 
 
 def _without_nullable_na(df):
-    """``df`` with its nullable (extension) columns that hold a missing value as objects:
-    pandas prints <NA> in those whatever ``na_rep`` says."""
+    """``df`` with a missing value of a nullable (extension) column or of a text (object)
+    column written as an en dash: pandas prints <NA> in the first whatever ``na_rep`` says,
+    and "None" in a column where every value is missing."""
     import pandas as pd
 
-    nullable = [c for c in df.columns if isinstance(df[c].dtype, pd.api.extensions.ExtensionDtype)
-                and df[c].isna().any()]
-    if not nullable:
+    shown = [c for c in df.columns
+             if (isinstance(df[c].dtype, pd.api.extensions.ExtensionDtype) or df[c].dtype == object)
+             and any(_missing(v) for v in df[c])]
+    if not shown:
         return df
-    return df.assign(**{c: [None if _missing(v) else v for v in df[c]] for c in nullable})
+    return df.assign(**{c: pd.Series(["–" if _missing(v) else v for v in df[c]], index=df.index,
+                                     dtype=object) for c in shown})
 
 
 def _missing(value) -> bool:
