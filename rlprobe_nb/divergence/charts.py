@@ -105,7 +105,8 @@ def when_chart(when: pd.DataFrame, per_problem: pd.DataFrame, group: str = "targ
         rows.append(_labels_over_steps(ground_truth, group, x))
     if accuracy is not None:
         rows.append(accuracy_panel(accuracy, x))
-    return alt.vconcat(*rows).properties(
+    # the labels' colours and the runs' are two scales, each with its legend
+    return alt.vconcat(*rows).resolve_scale(color="independent").properties(
         title=f"Mean per token, group {group!r} {intervals_said(shown(when[when.group == group]))}")
 
 

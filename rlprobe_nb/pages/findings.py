@@ -20,7 +20,7 @@ from rlprobe_nb.pages.headlines import tagged
 FIRST_WRONG = "result_first_wrong"
 SPIKES_PAGE = "05_spikes.html"
 ONSETS_AT = f"{SPIKES_PAGE}#When-each-kind-of-token-changes"
-PLACEBO_AT = f"{SPIKES_PAGE}#The-placebo-run's-own-onsets"
+PLACEBO_AT = ONSETS_AT  # its subsection's anchor holds a quote, which a CSS selector cannot
 BRANCHES_PAGE = "08_counterfactuals.html"
 
 

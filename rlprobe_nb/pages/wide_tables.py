@@ -15,6 +15,7 @@ CSS = """<style>
 .jp-RenderedHTMLCommon td,.jp-RenderedHTMLCommon th{white-space:normal;overflow-wrap:break-word;
  word-break:normal;max-width:30em}
 .jp-OutputArea-output{overflow-x:auto}
+details.rp-made td{overflow-wrap:anywhere}
 .rp-vega svg,.rp-vega img.rp-vega-static{max-width:none!important;height:auto}
 button.rp-more-columns{font:12px sans-serif;margin:4px 0;padding:2px 8px;cursor:pointer}
 </style>"""

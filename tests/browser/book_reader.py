@@ -192,9 +192,11 @@ if __name__ == "__main__":  # a report of a folder of pages
         guard.assert_nothing_left()
 
 
-# Per table of a page's outputs: its columns shown (a column hidden on request is not one)
-# and how many of those lie beyond the right edge of its output area (behind a scrollbar).
+# Per table of a page's outputs: its columns shown (a column hidden on request is not one,
+# nor a table folded in a closed <details>) and how many of those lie beyond the right edge
+# of its output area (behind a scrollbar).
 TABLE_COLUMNS = """() => [...document.querySelectorAll('.jp-OutputArea-output table')].map(t => {
+  if (t.closest('details:not([open])')) return {shown: 0, behind: 0, head: ''};  // folded: on request
   const box = t.closest('.jp-OutputArea-output').getBoundingClientRect();
   const row = t.tHead && t.tHead.rows.length ? t.tHead.rows[t.tHead.rows.length - 1] : t.rows[0];
   const shown = row ? [...row.cells].filter(c => c.getClientRects().length) : [];
