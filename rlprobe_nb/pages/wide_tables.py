@@ -5,6 +5,10 @@ behind a scrollbar); a chart keeps its drawn size, its labels their font size, a
 sideways where it is wider than the page (JupyterLab's styles shrank a wide chart to the
 window, its 10-px labels to 6 px).
 
+A link to a section of a page lands with the heading whole in the window (8 px above it),
+and keeps it in view while the page settles (charts drawn, images loaded above it), until
+the reader scrolls.
+
 ``HEAD`` goes in every page's head (``book.export_html``).
 """
 
@@ -17,6 +21,7 @@ CSS = """<style>
 .jp-OutputArea-output{overflow-x:auto}
 details.rp-made td{overflow-wrap:anywhere}
 .rp-vega svg,.rp-vega img.rp-vega-static{max-width:none!important;height:auto}
+h1,h2,h3,h4{scroll-margin-top:8px}
 button.rp-more-columns{font:12px sans-serif;margin:4px 0;padding:2px 8px;cursor:pointer}
 </style>"""
 
@@ -49,7 +54,18 @@ JS = """<script>(function () {
     });
     table.parentElement.insertBefore(button, table);
   }
-  function all() { document.querySelectorAll('.jp-OutputArea-output table').forEach(fit); }
+  // A link to a section (#id) lands there, and stays there while the page settles: charts
+  // drawn and images loaded above it grow the page; until the reader scrolls, or 4 s.
+  function hold() {
+    const target = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+    if (!target || !window.ResizeObserver) return;
+    const watch = new ResizeObserver(function () { target.scrollIntoView(); });
+    const stop = function () { watch.disconnect(); };
+    watch.observe(document.body);
+    ['wheel', 'keydown', 'touchstart', 'mousedown'].forEach(e => window.addEventListener(e, stop, {once: true}));
+    setTimeout(stop, 4000);
+  }
+  function all() { document.querySelectorAll('.jp-OutputArea-output table').forEach(fit); hold(); }
   if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', all);
   else all();
 })();</script>"""
