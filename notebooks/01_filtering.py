@@ -29,7 +29,7 @@ from typing import Optional
 
 import pandas as pd
 
-from rlprobe_nb import reporting, statistics
+from rlprobe_nb import reporting, statistics, views
 from rlprobe_nb.generation import rollouts
 from rlprobe_nb.problems import filtering, grading
 from rlprobe_nb.problems import sources as problem_sources
@@ -161,5 +161,6 @@ storage.write_derived(
                         extra={"producer": lineage.PRODUCERS["selection"],
                                "greedy_test": GREEDY_TEST}),
     lineage.selection_key(P, keys.key_sha(ANSWERS_KEY)), lineage.UNIQUE["selection"])
-{t: storage.read_manifest(paths.table_dir(P.suite, t))["rows"]
- for t in ("problems", "answers", "selection")}
+views.how_made({str(paths.relative(paths.table_dir(P.suite, t))): {
+    k: storage.read_manifest(paths.table_dir(P.suite, t))[k] for k in ("rows", "key_sha")}
+    for t in ("problems", "answers", "selection")}, "The tables of this chapter")

@@ -28,7 +28,7 @@
 # %%
 from typing import Optional
 
-from rlprobe_nb import statistics
+from rlprobe_nb import statistics, views
 from rlprobe_nb.generation import rollouts
 from rlprobe_nb.problems import grading
 from rlprobe_nb.problems import sources as problem_sources
@@ -72,7 +72,7 @@ TODO = PROBLEMS[PROBLEMS["problem_id"].isin(CHOSEN["problem_id"])]
 if TODO.empty:
     raise ValueError(f"no selected or control problems in the selection of suite {P.suite!r}: "
                      "loosen the filtering thresholds or add problems, then rerun 01")
-CHOSEN["group"].value_counts().rename("problems")
+CHOSEN["group"].value_counts().rename("problems").to_frame()
 
 # %% [markdown]
 # ## Sampling
@@ -83,8 +83,8 @@ CHOSEN["group"].value_counts().rename("problems")
 # ended, the grade and the failure type. Shards are written as they finish; a rerun with
 # the same inputs recomputes nothing.
 #
-# With `rollouts.source: prior` the reference's responses are imported from the prior
-# project instead: they are regraded, tokenized on their own (no special tokens added;
+# With `rollouts.source: prior` the reference's responses are imported instead, from an
+# earlier run's `filtered_problems.json` (`rollouts.prior_path`): they are regraded, tokenized on their own (no special tokens added;
 # special-token text in them stays text and is flagged), and marked
 # `token_method = "text"`, `finish_reason = "imported"`. Empty responses are set aside
 # and counted.
@@ -100,8 +100,8 @@ if R.source == "generate":
         key=KEY, overwrite=overwrite, compile_decode=P.runtime.compile_decode)
 
 # %% [markdown]
-# An import is regraded, and every verdict that differs from the one stored by the prior
-# project is listed.
+# An import is regraded, and every verdict that differs from the one stored with the
+# imported responses is listed.
 
 # %%
 if R.source == "prior":
@@ -141,7 +141,8 @@ print(f"Of {len(wrong)} wrong rollouts, {int((wrong.failure_type == 'truncated')
 # independent):
 
 # %%
-statistics.rate_table(BY, ["group"], seed=R.seed).round(3)
+RATES = statistics.rate_table(BY, ["group"], seed=R.seed).round(3)
+RATES.assign(boot_note=RATES.boot_note.str.replace("only 1 problems", "only 1 problem"))
 
 # %% [markdown]
 # How long the rollouts are, by failure type:
@@ -164,4 +165,5 @@ if len(FINISHED):
 # The table `data/<suite>/rollouts` is complete, with its manifest and key; 03 reads it.
 
 # %%
-{k: storage.read_manifest(paths.table_dir(P.suite, "rollouts"))[k] for k in ("rows", "key_sha")}
+views.how_made({k: storage.read_manifest(paths.table_dir(P.suite, "rollouts"))[k]
+                for k in ("rows", "key_sha")}, "The rollouts table")

@@ -104,10 +104,10 @@ if checkpoints:
 SEQS = forcing_plan.sequences(P, CHOSEN, PROBLEMS)
 KEY = forcing_plan.table_key(P, SEQS, P.checkpoint, P.reference, ROLLOUTS_SHA)
 if storage.plan_reuse(OUT, KEY, overwrite):
-    print(f"reusing {OUT}: complete, same inputs (key {storage.read_manifest(OUT)['key_sha']})")
+    print(f"reusing {paths.relative(OUT)}: complete, same inputs")
 else:
     forcing_plan.run_checkpoint(P, SEQS, None, ROLLOUTS_SHA, overwrite)
-print(f"{P.checkpoint} vs {P.reference}: {storage.read_manifest(OUT)['rows']} rows in {OUT}")
+print(f"{P.checkpoint} vs {P.reference}: {storage.read_manifest(OUT)['rows']:,} rows in {paths.relative(OUT)}")
 
 # %% [markdown]
 # Other configured pairs that include this checkpoint (e.g. a later checkpoint against an
@@ -115,7 +115,7 @@ print(f"{P.checkpoint} vs {P.reference}: {storage.read_manifest(OUT)['rows']} ro
 
 # %%
 for folder in forcing_plan.run_cached_pairs(P, SEQS, ROLLOUTS_SHA, overwrite):
-    print("pair:", folder)
+    print("pair:", paths.relative(folder))
 
 # %% [markdown]
 # ## What the table says
@@ -165,4 +165,5 @@ HTML(render.response_html(TOKENS[TOKENS.rollout_id == WORST], render.fixed_scale
 # Provenance of this table: models, revisions and hashes, parameters, versions, commit.
 
 # %%
-{k: v for k, v in storage.read_manifest(OUT).items() if k in ("suite", "models", "git", "key_sha", "rows")}
+views.how_made({k: v for k, v in storage.read_manifest(OUT).items()
+                if k in ("suite", "models", "git", "key_sha", "rows")})

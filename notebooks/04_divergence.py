@@ -15,7 +15,13 @@
 
 # %% [markdown]
 # # 04 · Divergence: how much, where and when each checkpoint departs from the reference
-#
+
+# %%
+from rlprobe_nb import views
+
+FINDING = views.finding_slot()  # the chapter's finding, written here once its tables are read
+
+# %% [markdown]
 # Notebook 03 wrote one exact per-token table per checkpoint: at every token of the
 # reference's forced rollouts, how each checkpoint's next-token distribution differs from
 # the reference's. This chapter reads all of them at once and answers the book's question
@@ -143,6 +149,7 @@ Markdown(narrative.say_when(WHEN, CHANGES, group) + "\n\n"
 
 # %%
 ONSETS = TABLES.get("divergence_onsets", phases.onsets, GROUND_TRUTH)
+FINDING.update(Markdown(narrative.say_finding(WHEN, ONSETS, GROUND_TRUTH, group)))
 Markdown(narrative.say_phases(ONSETS, group))
 
 # %%
@@ -164,6 +171,9 @@ charts.changes_for_display(CHANGES, group)
 
 # %%
 views.show(charts.group_contrast_chart(WHEN), save_as=FIGURES / "04_groups")
+
+# %%
+Markdown(narrative.say_group_verdict(WHEN, group))
 
 # %% [markdown]
 # ## Tails: a few tokens or all of them?
@@ -348,4 +358,5 @@ Markdown(narrative.say_t1_check(CHECK))
 # that records what it was computed from.
 
 # %%
-print("\n".join(str(folder) for folder in TABLES.folders.values()))
+views.how_made([str(paths.relative(folder)) for folder in TABLES.folders.values()],
+               "The tables of this chapter")

@@ -15,7 +15,13 @@
 
 # %% [markdown]
 # # 05 · Spikes: at which tokens, and when, does a checkpoint break from the reference?
-#
+
+# %%
+from rlprobe_nb import views
+
+FINDING = views.finding_slot()  # the chapter's finding, written here once its tables are read
+
+# %% [markdown]
 # A *spike* is a context at which a checkpoint departs from the reference far more than
 # it would have for no reason that has to do with the reward. Every checkpoint differs
 # from the reference a little everywhere, and more where the reference itself was unsure,
@@ -49,6 +55,7 @@ from rlprobe_nb.spikes import (
                                   spike_rates,
                                   summary,
                                   table,
+                                  verdicts,
 )
 from rlprobe_nb.render import viewer_links
 from rlprobe_nb.suite import models, params, paths
@@ -197,8 +204,11 @@ Markdown(narrative.say_placebo_plants(PLACEBO_PLANTS, SUMMARY, q))
 # in general, not to its wrong reasoning. Intervals: bootstrap over problems.
 
 # %%
-spike_rates(tests, by="group")[["checkpoint", "step", "group", "contexts", "problems", "spikes",
-                                "spike rate"]]
+RATES = spike_rates(tests, by="group")
+RATES[["checkpoint", "step", "group", "contexts", "problems", "spikes", "spike rate"]]
+
+# %%
+Markdown(verdicts.say_group_rates(RATES))
 
 # %% [markdown]
 # ## When each kind of token changes
@@ -235,7 +245,8 @@ ONSETS
 # how many are spikes, and which way they move the digit that was written.
 
 # %%
-Markdown(narrative.say_first_wrong_spikes(tests, TOKENS, LABELS, group))
+FIRST_WRONG = verdicts.first_wrong_spikes(tests, TOKENS, LABELS, group)
+Markdown(verdicts.say_first_wrong(FIRST_WRONG))
 
 # %% [markdown]
 # ### The placebo run's own onsets
@@ -249,7 +260,11 @@ Markdown(narrative.say_first_wrong_spikes(tests, TOKENS, LABELS, group))
 PLACEBO_BY_LABEL = TABLES.get("spike_placebo_departures", chapter.placebo_departure_table,
                               PLACEBO, group=group, seed=seed)
 PLACEBO_ONSETS = onsets.onsets(PLACEBO_BY_LABEL) if len(PLACEBO_BY_LABEL) else PLACEBO_BY_LABEL
-Markdown(narrative.say_run_onsets(ONSETS, PLACEBO_ONSETS))
+Markdown(narrative.say_run_onsets(ONSETS, PLACEBO_ONSETS) + "\n\n**Verdict.** In the placebo run, "
+         + verdicts.say_placebo_verdict(ONSETS, PLACEBO_ONSETS))
+
+# %%
+FINDING.update(Markdown(verdicts.finding(ONSETS, PLACEBO_ONSETS, FIRST_WRONG, SEPARATION)))
 
 # %%
 table.shown(PLACEBO_ONSETS, "the suite has no placebo run")

@@ -75,7 +75,7 @@ print(f"suite {P.suite!r}: {len(tokens):,} token rows, {len(SPIKES):,} spike row
 
 # %%
 choices = case_studies.select_cases(tokens, SPIKES, rule)
-print(", ".join(f"{n} {kind} case(s)" for kind, n in choices.kind.value_counts().items()))
+print(", ".join(f"{n} {kind} case{'' if n == 1 else 's'}" for kind, n in choices.kind.value_counts().items()))
 viewer_links.with_links(choices)
 
 # %% [markdown]

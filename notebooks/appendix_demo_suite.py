@@ -78,7 +78,7 @@ print("showing the run in", run_dir.relative_to(paths.REPO_ROOT) if run_dir.is_r
 # ## The stages, their seeds and the commands that rerun them
 
 # %%
-training_run.stage_facts(record["manifest"])
+training_run.stage_facts(record["manifest"], out=str(paths.relative(run_root / "raw")))
 
 # %% [markdown]
 # ## The supervised stage and the choice of the reference

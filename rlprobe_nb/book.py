@@ -205,11 +205,12 @@ def export_html(executed: Path, pages: list[navigation.Page] | None = None) -> t
     the suite's pages in order, for the previous / next links (none without it)."""
     import nbformat
 
-    from rlprobe_nb.pages import charts, code_cells
+    from rlprobe_nb.pages import charts, code_cells, for_reader, wide_tables
     from rlprobe_nb.render import viewer_links
     from rlprobe_nb.tables.storage import atomic_write_text
 
     nb = without_widget_views(nbformat.read(executed, 4))
+    for_reader.for_reader(nb)  # no progress bar, no absolute path of this machine
     for cell in nb.cells:  # before nbconvert re-serialises the page (attributes reordered)
         for output in cell.get("outputs", []):
             if "text/html" in output.get("data", {}):
@@ -220,7 +221,8 @@ def export_html(executed: Path, pages: list[navigation.Page] | None = None) -> t
     listed = pages is not None and stem in [p.stem for p in pages]
     top = navigation.nav_html(pages, stem, code_cells.toggle_html()) if listed else \
         f'<nav class="rp-nav">{code_cells.toggle_html()}</nav>'
-    head = navigation.NAV_CSS + code_cells.CSS + charts.page_head(n_charts, executed.parent)
+    head = (navigation.NAV_CSS + code_cells.CSS + wide_tables.HEAD
+            + charts.page_head(n_charts, executed.parent))
     resources = {"rp": {"head": head, "top": top,
                         "bottom": navigation.nav_html(pages, stem, bottom=True) if listed else ""}}
     body, _ = offline_exporter().from_notebook_node(nb, resources=resources)
@@ -230,13 +232,14 @@ def export_html(executed: Path, pages: list[navigation.Page] | None = None) -> t
 
 def write_index(P: params.Params, pages: list[navigation.Page]) -> Path:
     """The suite's index page (``index.html`` beside the pages), its numbers read now."""
-    from rlprobe_nb.pages import headlines
+    from rlprobe_nb.pages import findings, headlines
     from rlprobe_nb.tables.storage import atomic_write_text
 
     figures = paths.figures_dir(P.suite)
     numbers = headlines.headlines(P, pages, paths.data_dir(P.suite))
+    answer = findings.findings_html(headlines.Tables(paths.data_dir(P.suite)))
     return atomic_write_text(figures / f"{navigation.INDEX}.html",
-                             navigation.index_html(P.suite, pages, figures, numbers))
+                             navigation.index_html(P.suite, pages, figures, numbers, answer))
 
 
 REUSED = re.compile(r"^reusing .*$", re.M)

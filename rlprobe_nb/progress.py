@@ -8,7 +8,9 @@ alarming red block in a notebook) and refreshes at most every ``KERNEL_MININTERV
 seconds, since every refresh is kept in the notebook's output. Inside a kernel every bar
 also keeps its final line (``leave=True`` whatever the caller asked) and draws on the
 current line (``position=0``: a nested bar's cursor moves are not understood by a notebook
-and left the outer bar's first state behind): an exported page shows each bar's final state.
+and left the outer bar's first state behind): the executed notebook keeps each bar's final
+state. An exported page leaves the bars out (``pages.for_reader``): they tell how a run went,
+not what it found.
 
 The libraries' own bars are switched by ``quiet_library_progress()``, which importing
 this module runs once inside a kernel:

@@ -94,7 +94,7 @@ def is_token_column(name) -> bool:
 
 def frame_html(df, html_columns: tuple = ()) -> str:
     """A DataFrame as HTML the way pandas shows it (rows and columns truncated by its display
-    options), numbers to meaningful digits, token columns with visible whitespace;
+    options, every cell in full), numbers to meaningful digits, token columns with visible whitespace;
     ``html_columns`` hold HTML already (e.g. links), every other text is escaped."""
     import html
 
@@ -105,7 +105,9 @@ def frame_html(df, html_columns: tuple = ()) -> str:
     formatters = {c: visible for c in text if is_token_column(c)}
     if html_columns:  # pandas escapes all or nothing: escape the others here
         formatters = {c: (lambda f: lambda v: html.escape((f or _plain)(v)))(formatters.get(c)) for c in text}
-    with pd.option_context("display.max_colwidth", None if html_columns else pd.get_option("display.max_colwidth")):
+    # every cell in full: the page wraps a long cell at its spaces (``pages.wide_tables``);
+    # pandas' cut at 50 characters ended commands in "..." and words mid-way
+    with pd.option_context("display.max_colwidth", None):
         return df.to_html(formatters=formatters or None, float_format=number, na_rep="–", notebook=True,
                           escape=not html_columns,
                           max_rows=pd.get_option("display.max_rows"), max_cols=pd.get_option("display.max_columns"),
@@ -121,24 +123,34 @@ def frame_text(df) -> str:
         show = (number if pd.api.types.is_numeric_dtype(df[column]) and
                 not pd.api.types.is_bool_dtype(df[column])
                 else visible if is_token_column(column) else str)
-        return lambda v: "–" if _missing(v) else show(v)
+        return lambda v: "–" if _missing(v) or (isinstance(v, str) and v == "–") else show(v)
 
     formatters = {c: cell(c) for c in df.columns}
+    with pd.option_context("display.max_colwidth", None):
+        return _frame_text(df, formatters)
+
+
+def _frame_text(df, formatters) -> str:
+    import pandas as pd
+
     return _without_nullable_na(df).to_string(formatters=formatters, na_rep="–",
                         max_rows=pd.get_option("display.max_rows"),
                         max_cols=pd.get_option("display.max_columns"))
 
 
 def _without_nullable_na(df):
-    """``df`` with its nullable (extension) columns that hold a missing value as objects:
-    pandas prints <NA> in those whatever ``na_rep`` says."""
+    """``df`` with a missing value of a nullable (extension) column or of a text (object)
+    column written as an en dash: pandas prints <NA> in the first whatever ``na_rep`` says,
+    and "None" in a column where every value is missing."""
     import pandas as pd
 
-    nullable = [c for c in df.columns if isinstance(df[c].dtype, pd.api.extensions.ExtensionDtype)
-                and df[c].isna().any()]
-    if not nullable:
+    shown = [c for c in df.columns
+             if (isinstance(df[c].dtype, pd.api.extensions.ExtensionDtype) or df[c].dtype == object)
+             and any(_missing(v) for v in df[c])]
+    if not shown:
         return df
-    return df.assign(**{c: [None if _missing(v) else v for v in df[c]] for c in nullable})
+    return df.assign(**{c: pd.Series(["–" if _missing(v) else v for v in df[c]], index=df.index,
+                                     dtype=object) for c in shown})
 
 
 def _missing(value) -> bool:

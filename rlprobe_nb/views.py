@@ -146,6 +146,17 @@ TOOLTIP_CHANNELS = ("row", "column", "facet", "x", "x2", "xOffset", "y", "y2", "
 HOVER_POINTS = {"filled": True, "opacity": 0, "size": 80}
 # Names for the interval bounds, which have no axis title of their own (y2 of a rule).
 BOUND_NAMES = {"low": "95% interval, low", "high": "95% interval, high"}
+# What a reader calls a column a tooltip shows under no title of the chart's own.
+FIELD_NAMES = {**BOUND_NAMES, "kl_ref_ckpt": "KL(ref‖ckpt)", "kl_ckpt_ref": "KL(ckpt‖ref)",
+               "js": "Jensen–Shannon", "dlogp": "Δlogp", "step": "RL step",
+               "rollout_id": "rollout", "problem_id": "problem", "pos": "position",
+               "logp_ref": "log p (reference)", "logp_ckpt": "log p (checkpoint)",
+               "rank_ref": "rank (reference)", "rank_ckpt": "rank (checkpoint)",
+               "entropy_ref": "entropy (reference)", "entropy_ckpt": "entropy (checkpoint)",
+               "entropy_decile": "decile of the reference's entropy",
+               "wilson_low": "Wilson low", "wilson_high": "Wilson high", "p": "p-value",
+               "q": "q-value", "onset_step": "onset step", "significant": "spike here",
+               "statistic": "test statistic T", "n_rollouts": "rollouts"}
 
 
 def _field_title(channel_def: dict) -> str:
@@ -155,11 +166,14 @@ def _field_title(channel_def: dict) -> str:
     if title:
         return str(title)
     field = str(channel_def["field"])
-    return BOUND_NAMES.get(field, field)
+    return FIELD_NAMES.get(field, field)
 
 
 def _readable_entry(entry: dict) -> dict:
-    """A tooltip entry with a number format (four significant digits) if it is quantitative."""
+    """A tooltip entry named as a reader would (``FIELD_NAMES``, where the chart gave no
+    title), with a number format (four significant digits) if it is quantitative."""
+    if "title" not in entry and "field" in entry and str(entry["field"]) in FIELD_NAMES:
+        entry = {**entry, "title": FIELD_NAMES[str(entry["field"])]}
     if entry.get("type") == "quantitative" and "format" not in entry and "aggregate" not in entry:
         return {**entry, "format": TOOLTIP_NUMBER}
     return entry
@@ -266,3 +280,46 @@ def show(chart, save_as: str | Path | None = None) -> ChartView:
             tmp.write_bytes(vlc.vegalite_to_png(spec_json, scale=2))
     spec = readable_tooltips(zoomable(chart).to_dict())
     return ChartView(spec, svg, _title(spec), Path(save_as).with_suffix(".svg").name if save_as else None)
+
+
+def how_made(facts, summary: str = "How this page was made"):
+    """Provenance for a reader who wants it, folded: ``facts`` (a manifest or any mapping:
+    one row per leaf, named by its path of keys; or lines of text) in a closed
+    ``<details>`` block under ``summary``. The exported page shows folders relative to the
+    book (``pages.for_reader``)."""
+    import html
+
+    from IPython.display import HTML
+
+    if isinstance(facts, (list, tuple)):
+        body = '<pre style="white-space:pre-wrap">' + html.escape("\n".join(map(str, facts))) + "</pre>"
+    else:
+        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                       f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in _leaves(facts))
+        body = f"<table>{rows}</table>"
+    return HTML(f'<details class="rp-made"><summary>{html.escape(summary)}</summary>{body}</details>')
+
+
+def _leaves(value, path: str = ""):
+    """(path of keys, value as text) for every leaf of nested mappings; a list of plain
+    values is one leaf."""
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            yield from _leaves(v, f"{path} › {k}" if path else str(k))
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, (dict, list, tuple)) for v in value):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{path} › {i}")
+    else:
+        text = ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else \
+            "–" if value is None or value == {} else str(value)
+        yield path, text
+
+
+def finding_slot(text: str = "*The chapter's finding is written here once its tables are read "
+                             "(below).*"):
+    """A display near the top of a chapter that the chapter fills in at its end with
+    ``slot.update(Markdown(...))``: the page opens with its finding, computed from the
+    tables the chapter reads further down (an executed notebook keeps the update)."""
+    from IPython.display import Markdown, display
+
+    return display(Markdown(text), display_id=True)

@@ -260,3 +260,20 @@ def test_difference_interval_without_spread_or_problems():
     empty = clustered.difference_interval([0.0, 0.0], [0.0, 0.0], [1.0, 2.0], [1.0, 2.0],
                                           clustered.bootstrap_counts(2, 99, 0))
     assert np.isnan(empty["estimate"])
+
+
+def test_an_interval_never_leaves_the_range_of_the_problems_own_means():
+    """One problem with a huge value among many near zero (a heavy-tailed entropy decile):
+    the bootstrap-t's replicates without it have a near-zero spread, and their t* pushed the
+    upper bound far beyond every problem's own mean (1,197 nats around 0.072 on the demo)."""
+    rng = np.random.default_rng(3)
+    den = rng.integers(5, 40, size=30).astype(float)
+    num = den * rng.exponential(0.01, size=30)
+    num[7] = den[7] * 50.0  # one problem's tokens carry a large divergence
+    res = clustered.bootstrap_t_interval(num, den, clustered.bootstrap_counts(30, 999, 0))
+    own = num / den
+    assert own.min() <= res["low"] <= res["estimate"] <= res["high"] <= own.max()
+    low, high = clustered.within_problems(num, den, np.array([-5.0]), np.array([1e9]))
+    assert (low[0], high[0]) == (own.min(), own.max())
+    mixed = np.where(np.arange(30) == 3, -1.0, den)  # a negative denominator: no range to cut to
+    assert clustered.within_problems(num, mixed, np.array([-5.0]), np.array([1e9])) == ([-5.0], [1e9])

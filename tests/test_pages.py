@@ -9,6 +9,7 @@ import re
 from html.parser import HTMLParser
 
 import nbformat
+import pandas as pd
 import pytest
 
 from rlprobe_nb import book
@@ -66,13 +67,26 @@ class Numbers(HTMLParser):
 
 def recomputed(src: dict, data_dir):
     """A headline number from its table, computed here independently of ``headlines``."""
+    from rlprobe_nb.spikes import onsets
+
     df = storage.read_table(data_dir / src["table"])
     for col, value in src["where"].items():
         df = df[df[col].astype(object) == value]
     col = src["column"]
     return {"count": lambda: len(df), "nunique": lambda: df[col].nunique(),
             "mean": lambda: df[col].astype(float).mean(), "max": lambda: df[col].max(),
-            "value": lambda: df[col].iloc[0]}[src["agg"]]()
+            "value": lambda: df[col].iloc[0],
+            # chapter 05's onset rule over the rows of a table of departures by label
+            "onset_step": lambda: int(onsets.onsets(df).onset_step.iloc[0]),
+            "onsets": lambda: int((onsets.onsets(df).status == "onset").sum())}[src["agg"]]()
+
+
+def written(src: dict, value) -> str:
+    """A tagged number as the page writes it (``headlines.FORMATS``)."""
+    from rlprobe_nb.reporting import fmt
+
+    return {"number": number, "fmt": fmt,
+            "signed": lambda x: fmt(x, signed=True)}[src.get("format", "number")](value)
 
 
 def book_pages(book_run, monkeypatch):
@@ -118,7 +132,7 @@ def test_the_index_lists_every_chapter_with_the_tables_numbers(small_book, monke
     tables = {src["table"].split("/")[0] for src, _ in found.numbers}
     assert {"selection", "rollouts", "tokens", "divergence_when", "spikes", "branches"} <= tables
     for src, text in found.numbers:
-        assert text == number(recomputed(src, small_book["data"])), (src, text)
+        assert text == written(src, recomputed(src, small_book["data"])), (src, text)
     assert "NaN" not in index and "nan" not in re.sub(r"<[^>]+>", "", index).split()
 
 
@@ -265,3 +279,157 @@ def test_a_chart_saved_beside_its_page_shows_that_file_until_drawn(tmp_path):
     assert "<svg" not in beside, "the SVG not carried twice"
     elsewhere = charts.chart_html(spec, shown.svg, tmp_path / "another")
     assert '<div class="rp-vega-static"><svg' in elsewhere, "no file beside the page: the SVG inline"
+
+
+def test_a_page_leaves_out_progress_bars_and_this_machines_folders(monkeypatch, tmp_path):
+    from rlprobe_nb.pages import for_reader
+
+    out = tmp_path / "out"
+    monkeypatch.setenv("RLPROBE_OUT", str(out))
+    monkeypatch.setenv("RLPROBE_CACHE", str(tmp_path / "cache"))
+    bar = "branches_shards shards: 100%|██████████| 4/4 [00:12<00:00,  3.01s/it]"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[
+        nbformat.v4.new_output("stream", name="stdout",
+                               text=f"scoring:  50%|█    | 2/4 [00:01<00:01]\r{bar}\n"
+                                    f"reusing {out}/data/demo/tokens/a: complete\n"),
+        nbformat.v4.new_output("stream", name="stdout", text=f"12it [00:01, 10.2it/s]\n"),
+        nbformat.v4.new_output("display_data", data={
+            "text/plain": f"{tmp_path}/cache/models/x.safetensors",
+            "text/html": f"<td>{paths.REPO_ROOT}/params/demo/suite.yaml</td><td>{out}</td>"})])])
+    for_reader.for_reader(nb)
+    outputs = nb.cells[0].outputs
+    assert len(outputs) == 2, "a stream holding only a bar, or only the build's log, is dropped"
+    assert "<summary>How this page was made</summary>" in outputs[0].data["text/html"]
+    assert outputs[0].data["text/plain"] == "reusing data/demo/tokens/a: complete\n"
+    assert outputs[1].data["text/plain"] == "$RLPROBE_CACHE/models/x.safetensors"
+    assert outputs[1].data["text/html"] == "<td>params/demo/suite.yaml</td><td>.</td>"
+
+
+# Chapter 08 is being rebuilt on its disagreement points (issue 40), its page text with it:
+# it is held to the same rule by its own (strict) test, so the day it passes, that test
+# says so.
+REBUILT = ("08_counterfactuals",)
+
+
+def reader_problems(small_book) -> dict[str, list[str]]:
+    from page_text import problems
+
+    folders = [str(paths.REPO_ROOT.resolve()), str(small_book["out"].resolve())]
+    found = {}
+    for page in sorted(small_book["figures"].glob("*.html")):
+        if ".FAILED" not in page.name:
+            found[page.stem] = problems(page.read_text(encoding="utf-8"), folders)
+    return found
+
+
+@pytest.mark.slow
+def test_no_page_shows_the_build_machine_bars_reprs_placeholders_or_cut_commands(small_book):
+    """Issue 41, acceptance 2: no absolute folder of the checkout or of where the book was
+    written, no progress bar, no pandas repr, no None/nan, no "(s)", no command cut by "…"."""
+    found = reader_problems(small_book)
+    assert len(found) >= 10 and "index" in found
+    bad = {stem: said for stem, said in found.items() if said and stem not in REBUILT}
+    assert bad == {}, bad
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="chapter 08's text is rewritten by issue 40 (disagreement points)")
+def test_chapter_08s_page_reads_as_written_for_a_reader(small_book):
+    found = reader_problems(small_book)
+    assert all(found[stem] == [] for stem in REBUILT if stem in found), {s: found.get(s) for s in REBUILT}
+
+
+@pytest.mark.slow
+def test_every_spike_row_carries_its_tokens_category(small_book, monkeypatch):
+    """Issue 41, acceptance 2: the spikes table's category is chapter 04's category of the
+    written token wherever the classifier gives one (it gives one to every token)."""
+    from rlprobe_nb.divergence import token_categories
+
+    for name in ("RLPROBE_OUT", "RLPROBE_PARAMS"):
+        monkeypatch.setenv(name, small_book["env"][name])
+    spikes = storage.read_table(small_book["data"] / "spikes")
+    assert len(spikes), "the small book has spike rows to check"
+    P = params.load("demo")
+    ckpt = spikes.checkpoint.iloc[0]
+    tokens = storage.read_table(paths.table_dir(P.suite, paths.token_table_name(ckpt, P.reference)))
+    expected = token_categories.classify(tokens).astype(str)
+    at = pd.MultiIndex.from_frame(tokens[["rollout_id", "pos"]])
+    want = expected.to_numpy()[at.get_indexer(pd.MultiIndex.from_frame(spikes[["rollout_id", "pos"]]))]
+    assert spikes.category.notna().all() and (spikes.category.str.len() > 0).all()
+    assert (spikes.category.to_numpy() == want).all()
+
+
+@pytest.mark.slow
+def test_the_index_opens_with_the_answer_each_number_printed_by_the_page_it_links(small_book):
+    """Issue 41, acceptance 1: the findings paragraph holds three or more numbers read from
+    the tables (the tags are checked against them above), and each is printed, as written,
+    by a page the paragraph links to."""
+    from page_text import PageText
+
+    index = (small_book["figures"] / "index.html").read_text(encoding="utf-8")
+    found = re.search(r'<p class="rp-findings">(.*?)</p>', index, re.S)
+    assert found and index.index("rp-findings") < index.index('class="rp-chapter"'), "first"
+    numbers = Numbers()
+    numbers.feed(found.group(1))
+    assert len(numbers.numbers) >= 3, found.group(1)
+    linked = {a["href"].split("#")[0] for a in links(found.group(1)) if a.get("href")}
+    texts = {}
+    for page in linked:
+        shown = PageText()
+        shown.feed((small_book["figures"] / page).read_text(encoding="utf-8"))
+        texts[page] = shown.text.replace("−", "-")
+    for _, text in numbers.numbers:
+        assert any(text.replace("−", "-") in t for t in texts.values()), (text, sorted(linked))
+
+
+def chart_specs(executed) -> list[dict]:
+    """Every Vega-Lite spec an executed notebook displays."""
+    out = []
+    for cell in nbformat.read(executed, 4).cells:
+        for o in cell.get("outputs", []):
+            out += [v for k, v in o.get("data", {}).items() if k.startswith("application/vnd.vegalite")]
+    return out
+
+
+def sub_charts(spec: dict):
+    yield spec
+    for key in ("hconcat", "vconcat", "concat", "layer"):
+        for part in spec.get(key, []):
+            yield from sub_charts(part)
+
+
+def rows_of(part: dict, top: dict) -> list[dict]:
+    name = (part.get("data") or {}).get("name")
+    return top.get("datasets", {}).get(name, []) if name else (part.get("data") or {}).get("values", [])
+
+
+@pytest.mark.slow
+def test_04s_accuracy_panel_draws_one_coloured_series_per_run(small_book):
+    """Issue 41, acceptance 3: the RLVR and placebo accuracies were one uncoloured zigzag."""
+    spec = next(s for s in chart_specs(small_book["figures"] / "04_divergence.ipynb")
+                if any(p.get("title") == "Accuracy" for p in sub_charts(s)))
+    panel = next(p for p in sub_charts(spec) if p.get("title") == "Accuracy")
+    lines = [p for p in sub_charts(panel) if (p.get("mark") or {}) in ("line",) or
+             (isinstance(p.get("mark"), dict) and p["mark"].get("type") == "line")]
+    assert lines and all(p["encoding"]["color"]["field"] == "run" for p in lines)
+    rows = rows_of(lines[0], spec) or rows_of(panel, spec)
+    runs = {}
+    for r in rows:
+        runs.setdefault(r["run"], []).append(r["step"])
+    assert {"RLVR", "placebo (reward permuted)"} <= set(runs), sorted(runs)
+    assert all(0 in steps and len(steps) == len(set(steps)) for steps in runs.values()), runs
+
+
+@pytest.mark.slow
+def test_05s_persistent_spike_rows_are_labelled_by_their_token_first(small_book):
+    """Issue 41, acceptance 3: a row label was cut (at 180 px) before the spike's token."""
+    from rlprobe_nb.spikes.charts import LABEL_LIMIT
+
+    spec = next(s for s in chart_specs(small_book["figures"] / "05_spikes.ipynb")
+                if any("persistent spikes ordered by onset" in json.dumps(p.get("title", ""))
+                       for p in sub_charts(s)))
+    y = next(p["encoding"]["y"] for p in sub_charts(spec) if "y" in p.get("encoding", {}))
+    labels = y["sort"]
+    assert labels and y["axis"]["labelLimit"] >= LABEL_LIMIT
+    # 10-px labels: the token's bracket within the first ~40 characters, well inside the limit
+    assert all(0 <= label.find("[") < 40 for label in labels), labels[:3]

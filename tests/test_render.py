@@ -63,7 +63,7 @@ def test_shared_scale_is_the_quantile_of_the_whole_suite(suite):
     rows = t[~t.first_token]
     expected = np.quantile(np.abs(rows.kl_ref_ckpt.to_numpy(np.float64)), 0.95)
     assert scale.vmax == pytest.approx(expected, rel=1e-12)
-    assert "Shared by every checkpoint and rollout" in scale.describe() and "at 3 checkpoint(s)" in scale.describe()
+    assert "Shared by every checkpoint and rollout" in scale.describe() and "at 3 checkpoints." in scale.describe()
     # the same object colours every checkpoint: a value has one colour wherever it occurs
     assert scale.colours([0.3])[0] == scale.colours(np.array([0.3, 0.1]))[0]
 

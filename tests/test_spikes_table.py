@@ -168,3 +168,17 @@ def test_a_reader_is_shown_only_spikes_whose_written_token_visibly_moved():
     # near-certain and barely moved: out; a large move: in; a small move that makes the
     # token the most likely one: in; a small move of the top token: out
     assert visible_change(rows).tolist() == [False, True, True, False]
+
+
+def test_every_spike_row_gets_chapter_04s_category_of_its_token(three_steps):
+    """Token tables carry no category (the suite's never do): each row gets the one chapter
+    04's classifier gives its written token, read in its rollout, never an empty one."""
+    from rlprobe_nb.divergence import token_categories
+
+    tokens, tests, _, _ = three_steps
+    bare = tokens.drop(columns="category")
+    spikes, _ = table.spikes_table(bare, tests)
+    expected = token_categories.classify(bare).astype(str)
+    assert len(spikes) and spikes.category.notna().all()
+    assert (spikes.category.to_numpy() == expected.loc[spikes.row].to_numpy()).all()
+    assert set(spikes.category) <= set(token_categories.CATEGORIES)

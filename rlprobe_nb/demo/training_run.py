@@ -103,9 +103,9 @@ def sft_evaluations(selection: dict) -> pd.DataFrame:
     return table.assign(chosen=table["step"] == selection["chosen_step"])
 
 
-def stage_facts(manifest: dict) -> pd.DataFrame:
+def stage_facts(manifest: dict, out: str = "data/demo/training_rerun/raw") -> pd.DataFrame:
     """One row per training stage: what it did, its seed, steps, time and the command
-    that reruns it alone on a GPU."""
+    that reruns it alone on a GPU, writing to ``out`` (complete, to be copied as it is)."""
     run = manifest["training_run"]
     stages = run["stages"]
     sel = run["sft_selection"]
@@ -125,10 +125,10 @@ def stage_facts(manifest: dict) -> pd.DataFrame:
     rows.append({"stage": "eval", "what": f"{ev['problems']} test problems, greedy + "
                  f"{ev['samples']} samples at T = {ev['temperature']}",
                  "seed": ev["seed"], "steps": None, "seconds": ev["wall_seconds"]})
-    out = pd.DataFrame(rows)
-    out["rerun (GPU)"] = [f"python scripts/train_demo_suite.py --out <run> {s}"
-                          for s in ("sft", "rlvr", "placebo", "eval")]
-    return out
+    table = pd.DataFrame(rows)
+    table["rerun (GPU)"] = [f"python scripts/train_demo_suite.py --out {out} {s}"
+                            for s in ("sft", "rlvr", "placebo", "eval")]
+    return table
 
 
 def run_facts(manifest: dict) -> pd.DataFrame:

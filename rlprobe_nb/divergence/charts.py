@@ -104,12 +104,34 @@ def when_chart(when: pd.DataFrame, per_problem: pd.DataFrame, group: str = "targ
     if ground_truth is not None:
         rows.append(_labels_over_steps(ground_truth, group, x))
     if accuracy is not None:
-        acc = _estimate_with_interval(accuracy.rename(columns={"rate": "estimate"}), x,
-                                      "accuracy").encode(tooltip=["model", "estimate", "low",
-                                                                  "high"])
-        rows.append(acc.properties(width=WIDTH, height=110, title="Accuracy"))
-    return alt.vconcat(*rows).properties(
+        rows.append(accuracy_panel(accuracy, x))
+    # the labels' colours and the runs' are two scales, each with its legend
+    return alt.vconcat(*rows).resolve_scale(color="independent").properties(
         title=f"Mean per token, group {group!r} {intervals_said(shown(when[when.group == group]))}")
+
+
+def accuracy_runs(accuracy: pd.DataFrame) -> pd.DataFrame:
+    """``accuracy`` (``suite_tables.accuracy_table``) as one series per training run: the
+    reference's row (step 0) starts each run's line; without a ``run`` column, one run."""
+    if "run" not in accuracy:
+        return accuracy.assign(run="checkpoints")
+    start = accuracy[accuracy.run == "reference"]
+    runs = [r for r in dict.fromkeys(accuracy.run) if r != "reference"]
+    return pd.concat([start.assign(run=r) for r in runs] + [accuracy[accuracy.run != "reference"]],
+                     ignore_index=True)
+
+
+def accuracy_panel(accuracy: pd.DataFrame, x, width: int = 2 * WIDTH, height: int = 130):
+    """Accuracy against step, one coloured line per run with its 95% (Wilson) interval."""
+    data = accuracy_runs(accuracy).rename(columns={"rate": "estimate"})
+    colour = alt.Color("run:N", title="run", sort=list(dict.fromkeys(data.run)))
+    tooltip = [alt.Tooltip("run:N", title="run"), alt.Tooltip("model:N", title="model"),
+               alt.Tooltip("step:Q", title="RL step"),
+               alt.Tooltip("estimate:Q", title="accuracy", format=".3f"),
+               alt.Tooltip("low:Q", title="Wilson low", format=".3f"),
+               alt.Tooltip("high:Q", title="Wilson high", format=".3f")]
+    return _estimate_with_interval(data, x, "accuracy", colour=colour).encode(
+        tooltip=tooltip).properties(width=width, height=height, title="Accuracy")
 
 
 def _labels_over_steps(ground_truth: pd.DataFrame, group: str, x,

@@ -36,6 +36,12 @@ For statistics that are not ratios of totals (quantiles, rank correlations),
 sqrt(G / (G - 1)) (the bootstrap variance of a mean is (G - 1)/G of its unbiased estimate;
 for a mean this is the CR1 t interval). It is approximate and says so.
 
+A bootstrap-t interval of a ratio with non-negative denominators is cut to the range of
+the problems' own ratios (``within_problems``): no replicate, a mean over resampled
+problems, can leave it, while the bootstrap-t's endpoints can (one heavy-tailed problem
+makes a replicate's standard error near zero). The CR2 interval of few problems is not
+cut: with three problems the mean may well lie beyond the largest of them.
+
 No interval comes from fewer than two problems (NaN): one problem says nothing about the
 spread between problems. A statistic with no spread at all (every problem the same, e.g.
 a checkpoint identical to the reference) gets its point as the interval.
@@ -164,7 +170,7 @@ def bootstrap_t_interval(num, den, counts: np.ndarray, alpha: float = 0.05) -> d
         t_star = shift / np.where(rep_se > NO_SPREAD * se, rep_se, se)
     t_star[~np.isfinite(t_star)] = np.nan
     q_low, q_high = _nanquantiles(t_star, alpha)
-    low, high = ratio - q_high * se, ratio - q_low * se
+    low, high = within_problems(num, den, ratio - q_high * se, ratio - q_low * se)
     point = se == 0
     low[point], high[point] = ratio[point], ratio[point]
     problems = (den != 0).sum(-1)
@@ -176,6 +182,23 @@ def bootstrap_t_interval(num, den, counts: np.ndarray, alpha: float = 0.05) -> d
     se, low, high = (np.where(few, np.nan, x) for x in (se, low, high))
     out = {"estimate": ratio, "se": se, "low": low, "high": high, "problems": problems}
     return _scalars(out) if one else out
+
+
+def within_problems(num, den, low, high) -> tuple[np.ndarray, np.ndarray]:
+    """``low``, ``high`` [K] cut to the range of the problems' own ratios num_g / den_g
+    (problems with den_g > 0), where every den_g >= 0: R, and R* of any resample of the
+    problems, is a weighted mean of those ratios and cannot leave their range. The
+    bootstrap-t divides by each replicate's standard error, and where one problem carries
+    a value far above the rest (a heavy-tailed cell: KL in one entropy decile), a replicate
+    that draws the others has a standard error near zero and a huge t*: uncut, such an
+    interval reached 1,197 nats around a mean of 0.072."""
+    num, den = np.atleast_2d(num), np.atleast_2d(den)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        own = np.where(den > 0, num / den, np.nan)
+    signed = (den >= 0).all(axis=1) & np.isfinite(own).any(axis=1)
+    least = np.where(signed, np.nanmin(np.where(np.isnan(own), np.inf, own), axis=1), -np.inf)
+    most = np.where(signed, np.nanmax(np.where(np.isnan(own), -np.inf, own), axis=1), np.inf)
+    return np.clip(low, least, most), np.clip(high, least, most)
 
 
 def replicate_interval(estimate, replicates, n_problems: int,

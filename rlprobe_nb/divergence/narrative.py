@@ -221,6 +221,12 @@ def say_phases(onsets: pd.DataFrame, group: str = "target") -> str:
     return " ".join(text)
 
 
+def _span(low, high) -> str:
+    """"a–b", or one number where both ends print alike (never "94.6–94.6")."""
+    a, b = rp.fmt(low), rp.fmt(high)
+    return a if a == b else f"{a}–{b}"
+
+
 def say_concentration(share: pd.DataFrame, group: str = "target",
                       metric: str = "kl_ref_ckpt") -> str:
     """The last step's concentration against both baselines, and which it exceeds."""
@@ -231,8 +237,8 @@ def say_concentration(share: pd.DataFrame, group: str = "target",
     text = (f"At step {r.step}, the {100 * r.top:g}% highest-entropy positions carry "
             f"{rp.row_text(r, scale=100, unit='%')} of all {NAMES[metric]}. Shuffling the "
             f"values within problems gives {rp.fmt(100 * r.null_mean)}% "
-            f"({rp.fmt(100 * r.null_low)}–{rp.fmt(100 * r.null_high)}%); the same small nudge to every logit everywhere "
-            f"would give {rp.fmt(100 * r.mechanical_low)}–{rp.fmt(100 * r.mechanical_high)}%.")
+            f"({_span(100 * r.null_low, 100 * r.null_high)}%); the same small nudge to every logit "
+            f"everywhere would give {_span(100 * r.mechanical_low, 100 * r.mechanical_high)}%.")
     if not rp.interval_ok(r.estimate, r.low, r.high, int(r.problems)):
         return text + " With no interval for the observed share, neither baseline can be ruled out."
     verdicts = []
@@ -319,3 +325,58 @@ def say_temperature_problems(counts: pd.DataFrame, group: str = "target") -> str
                  "problems: a difference between temperatures here may be a difference between "
                  "problems.")
     return text
+
+
+def say_finding(when: pd.DataFrame, onsets: pd.DataFrame, ground_truth: pd.DataFrame,
+                group: str = "target", metric: str = "kl_ref_ckpt") -> str:
+    """The chapter's answer in two or three sentences: the ground-truth label whose written
+    tokens change most (of those with an onset, the largest mean Δlogp at its onset), from
+    which step and how far by the last step; how much the other labels with an onset move;
+    and the mean divergence per token at the last step."""
+    rows = onsets[(onsets.group == group) & (onsets.status == "onset")]
+    if len(rows):
+        top = rows.loc[rows.estimate.abs().idxmax()]
+        gt = ground_truth[(ground_truth.group == group) & (ground_truth.statistic == "dlogp_mean")
+                          & (ground_truth.category == top.category)]
+        end = gt.loc[gt.step.idxmax()] if len(gt) else None
+        way = "lower" if top.direction < 0 else "raise"
+        text = (f"**Finding.** The tokens the checkpoints change most are '{top.category}': from "
+                f"step {int(top.onset_step)} on they {way} the written token's log-probability "
+                f"(Δlogp {rp.row_text(top, signed=True, unit=' nats')} at step {int(top.onset_step)}")
+        if end is not None and int(end.step) != int(top.onset_step):
+            text += f", {rp.row_text(end, signed=True, unit=' nats')} at step {int(end.step)}"
+        others = rows[rows.category != top.category]
+        many = "1 other label changes" if len(others) == 1 else f"{len(others)} other labels change"
+        text += ")" + (f"; {many} lastingly too, by at most "
+                       f"{rp.fmt(others.estimate.abs().max())} nats at their onset ({_names(others.category)})."
+                       if len(others) else "; no other label changes lastingly.")
+    else:
+        text = "**Finding.** No ground-truth label changes lastingly at any step."
+    last = when[(when.group == group) & (when.metric == metric) & (when.step > 0)]
+    if len(last):
+        r = last.loc[last.step.idxmax()]
+        text += (f" At step {r.step} the mean {NAMES[metric]} is {rp.row_text(r, unit=' nats')} "
+                 "per token of the reference's wrong rollouts.")
+    return text
+
+
+def say_group_verdict(when: pd.DataFrame, group: str = "target",
+                      metric: str = "kl_ref_ckpt") -> str:
+    """The verdict under the contrast of groups: at the last step, is ``group``'s mean
+    ``metric`` above each other group's (intervals apart), below, or not told apart."""
+    rows = when[(when.metric == metric) & (when.step == when.step.max())].set_index("group")
+    if group not in rows.index or len(rows) < 2:
+        return f"*Only group {group!r} was forced at the last step: there is nothing to compare.*"
+    mine, said, above = rows.loc[group], [], 0
+    for other, r in rows.drop(index=group).iterrows():
+        both = (rp.interval_ok(mine.estimate, mine.low, mine.high, int(mine.problems))
+                and rp.interval_ok(r.estimate, r.low, r.high, int(r.problems)))
+        verdict = ("lower" if both and mine.high < r.low else
+                   "higher" if both and mine.low > r.high else "not told apart")
+        above += verdict == "higher"
+        said.append(f"'{other}' {rp.row_text(r, unit=' nats')} ({group!r} {verdict})")
+    whole = ("so the change is specific to the reference's wrong reasoning" if above == len(said)
+             else "so, by this mean, RL changed the reference's text in general, not only its wrong "
+                  "reasoning")
+    return (f"**Verdict.** At step {int(mine.step)} the mean {NAMES[metric]} of group {group!r} is "
+            f"{rp.row_text(mine, unit=' nats')}, against " + "; ".join(said) + f": {whole}.")

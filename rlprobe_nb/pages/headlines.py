@@ -2,8 +2,11 @@
 
 Every number is wrapped in ``<span class="rp-num" data-src='{...}'>``: the table (a folder
 under ``data/<suite>/``), the rows (``where``: column -> value), the column and the
-aggregate (count, nunique, mean, max, value), so a test can recompute it from the table and
-compare. Numbers are formatted by ``readable.number``. A chapter whose tables are not
+aggregate (count, nunique, mean, max, value; for chapter 05's departures by label also
+onset_step, a label's onset, and onsets, how many labels have one, by ``spikes.onsets``),
+so a test can recompute it from the table and compare. Numbers are formatted by
+``readable.number``, or as the chapters print estimates where ``format`` says so
+(``FORMATS``). A chapter whose tables are not
 written yet says so instead; 06 (cases read from 05's tables) and the appendix have none
 of their own.
 """
@@ -16,6 +19,7 @@ import json
 import pandas as pd
 
 from rlprobe_nb.readable import number
+from rlprobe_nb.reporting import fmt as estimate_text
 from rlprobe_nb.tables import storage
 
 NO_TABLES = "<i>its tables are not written yet</i>"
@@ -34,10 +38,19 @@ class Tables:
         return self._cache[key]
 
 
-def tagged(value, table: str, agg: str, column: str | None = None, where: dict | None = None) -> str:
+# How a tagged number is written: ``number`` (the default), or as the chapters print an
+# estimate (``reporting.fmt``: three significant digits, "signed" with its sign).
+FORMATS = {"number": number, "fmt": estimate_text,
+           "signed": lambda x: estimate_text(x, signed=True)}
+
+
+def tagged(value, table: str, agg: str, column: str | None = None, where: dict | None = None,
+           fmt: str = "number") -> str:
     src = {"table": table, "agg": agg, "column": column, "where": where or {}}
+    if fmt != "number":
+        src["format"] = fmt
     tag = html.escape(json.dumps(src, default=str), quote=True)
-    return f'<span class="rp-num" data-src="{tag}">{html.escape(number(value))}</span>'
+    return f'<span class="rp-num" data-src="{tag}">{html.escape(FORMATS[fmt](value))}</span>'
 
 
 def _where(df: pd.DataFrame, where: dict) -> pd.DataFrame:

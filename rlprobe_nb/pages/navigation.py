@@ -97,8 +97,10 @@ def _heading(title: str, href: str | None) -> str:
     return f'<a href="{href}">{text}</a>' if href else f"{text} <i>(not run yet)</i>"
 
 
-def index_html(suite: str, pages: list[Page], figures: Path, headlines: dict[str, list[str]]) -> str:
-    """The index page of a suite: every chapter in order, its title linking its page (a
+def index_html(suite: str, pages: list[Page], figures: Path, headlines: dict[str, list[str]],
+               findings: str = "") -> str:
+    """The index page of a suite: the book's answer (``findings``: an HTML paragraph,
+    ``pages.findings``) first, then every chapter in order, its title linking its page (a
     chapter run once per checkpoint lists its runs), and its headline numbers
     (``headlines``: page stem -> HTML sentences whose numbers carry their source)."""
     chapters: list[tuple[str, str, list[Page]]] = []
@@ -129,10 +131,13 @@ def index_html(suite: str, pages: list[Page], figures: Path, headlines: dict[str
             "body{font-family:sans-serif;max-width:980px;margin:0 auto;padding:0 16px 32px;color:#111;line-height:1.45}"
             "h1{font-size:24px}h2{font-size:17px;margin:20px 0 4px}h2 a{color:#0b57d0;text-decoration:none}"
             "p,ul{margin:2px 0}ul{padding-left:22px}"
+            "p.rp-findings{font-size:16px;margin:10px 0 14px;padding:10px 14px;background:#f4f7fb;"
+            "border-left:4px solid #0b57d0}a.rp-from{color:#0b57d0}"
             "</style></head><body>"
             f'<nav class="rp-nav" aria-label="pages"><span>contents</span><span class="rp-spacer"></span>'
             f'<a rel="next" href="{first}.html">start →</a></nav>'
             f"<h1>At which tokens does RLVR change the model's reasoning? · suite {html.escape(suite)}</h1>"
+            + findings +
             "<p>The chapters in order, each with its question and its headline numbers, read from the "
             "suite's tables when this page was written. Every page opens offline.</p>"
             + "".join(sections) + "</body></html>")

@@ -166,5 +166,5 @@ def shared_scale(tokens: pd.DataFrame, metric_name: str = "dlogp", quantile: flo
     n = np.isfinite(values).sum()
     source = (f"Shared by every checkpoint and rollout here: the {quantile:g} quantile of "
               f"|{metric(metric_name).short}| over {n:,} tokens of {rows.rollout_id.nunique():,} rollouts "
-              f"at {rows.checkpoint.nunique()} checkpoint(s).")
+              f"at {rows.checkpoint.nunique()} checkpoint{'' if rows.checkpoint.nunique() == 1 else 's'}.")
     return fit_scale(values, metric_name, quantile, transform, source)

@@ -18,6 +18,7 @@ comparable tokens do, found with a calibrated test, signed, and followed across 
   charts         calibration, raster, onset heatmap, new persistent spikes per step
   simulate       synthetic tables with planted spikes (calibration and power checks)
   narrative      the chapter's sentences, read from its tables
+  verdicts       the chapter's finding and the verdict under each comparison it sets up
 """
 
 from rlprobe_nb.spikes.detector import detect, spike_rates, summary  # noqa: F401

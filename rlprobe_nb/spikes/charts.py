@@ -130,6 +130,10 @@ def short_label(context: str, width: int = 18) -> str:
     return context[max(0, start - width): min(len(context), end + 1 + width)]
 
 
+LABEL_CONTEXT = 10  # characters either side of a spike's token in a chart's row label
+LABEL_LIMIT = 360  # px: a row label is cut (with "…") only beyond this, never before its token
+
+
 def onset_frame(spikes: pd.DataFrame, n: int = 40) -> pd.DataFrame:
     """The ``n`` strongest persistent spikes (by their largest statistic) at every step,
     ordered by onset then strength, each labelled by its token in context."""
@@ -141,7 +145,8 @@ def onset_frame(spikes: pd.DataFrame, n: int = 40) -> pd.DataFrame:
     rows = persistent.set_index(pairs).loc[strength.index].reset_index()
     order = (rows.drop_duplicates(pairs).assign(strength=lambda d: d.set_index(pairs).index.map(strength))
              .sort_values(["onset_step", "strength"], ascending=[True, False]))
-    labels = {tuple(k): f"{pid}:{pos} {short_label(ctx)}".replace("\n", "⏎")
+    # the token in [brackets] with a little context first, where it is read, then where it is
+    labels = {tuple(k): f"{short_label(ctx, LABEL_CONTEXT)}  ({pid}:{pos})".replace("\n", "⏎")
               for k, pid, pos, ctx in zip(order[pairs].to_numpy(), order.problem_id, order.pos,
                                           order.context)}
     rows["label"] = [labels[(c, t)] for c, t in zip(rows.context_id, rows.token_id)]
@@ -163,7 +168,8 @@ def onset_heatmap(spikes: pd.DataFrame, n: int = 40):
     order = df.drop_duplicates("label").sort_values("rank").label.tolist()
     lim = float(np.nanmax(np.abs(df.dlogp))) if len(df) else 1.0
     base = alt.Chart(df, title="persistent spikes ordered by onset").encode(
-        x=alt.X("step:O", title="step"), y=alt.Y("label:N", sort=order, title=None))
+        x=alt.X("step:O", title="step"),
+        y=alt.Y("label:N", sort=order, title=None, axis=alt.Axis(labelLimit=LABEL_LIMIT)))
     cells = base.mark_rect().encode(color=alt.Color(
         "dlogp:Q", title="dlogp = logp_ckpt − logp_ref",
         scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0)),

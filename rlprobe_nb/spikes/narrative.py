@@ -135,24 +135,3 @@ def say_placebo_plants(check: pd.DataFrame, summary: pd.DataFrame, q: float) -> 
             f"{100 * q:g}% of them. With nothing planted, the placebo tested as if it were the "
             f"RLVR run gives these spikes per split (both halves, every context once), beside "
             f"the RLVR run's spike contexts at the same step: {beside}.")
-
-
-def say_first_wrong_spikes(tests: pd.DataFrame, tokens: pd.DataFrame, labels: pd.DataFrame,
-                           group: str = "target") -> str:
-    """At the last checkpoint, how many first wrong digits (label ``result_first_wrong``)
-    of ``group``'s rollouts are spikes, and how many of those lower the written digit's
-    probability: the known answer, context by context."""
-    last = tokens.step.max()
-    rows = tokens[(tokens.step == last) & (labels.ground_truth == "result_first_wrong")
-                  & (tokens.group == group)]
-    if rows.empty:
-        return f"*No first wrong digit in the `{group}` rollouts at step {last}.*"
-    at = tests[tests.step == last].drop_duplicates(["context_id", "token_id"]).set_index(
-        ["context_id", "token_id"])
-    hit = at.reindex(pd.MultiIndex.from_frame(rows[["context_id", "token_id"]]))
-    spikes = hit.significant.astype("boolean").fillna(False).to_numpy(bool)
-    lowering = int((hit.dlogp.to_numpy()[spikes] < 0).sum())
-    return (f"At step {last}, {int(spikes.sum())} of the {len(rows)} first wrong digits of the "
-            f"`{group}` rollouts ({rows.problem_id.nunique()} problems) are spikes "
-            f"({reporting.fmt(100 * spikes.mean())}%), {lowering} of them lowering the written "
-            "digit's probability.")

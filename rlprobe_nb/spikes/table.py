@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from rlprobe_nb import views
+from rlprobe_nb.divergence import token_categories
 from rlprobe_nb.spikes import across_steps, regions, statistic
 
 CONTEXT_WIDTH = 12  # tokens either side in ``context``
@@ -39,11 +40,24 @@ def spikes_table(tokens: pd.DataFrame, tests: pd.DataFrame,
     names = dict(vocab) if vocab is not None else _written_vocab(tokens)
     rows["moved_to_token"] = rows.moved_to_id.map(names).astype(object)
     rows["context"] = _contexts(tokens, rows)
-    if "category" not in rows:
-        rows["category"] = None
+    rows["category"] = token_category(tokens, rows)
     if not spans.empty:
         spans["text"] = regions.region_text(tokens, spans)
     return rows, spans
+
+
+def token_category(tokens: pd.DataFrame, rows: pd.DataFrame) -> np.ndarray:
+    """Chapter 04's token category of each row's written token (``rows.row`` indexes
+    ``tokens``): the token tables' own ``category`` where they carry that column, else
+    classified here (``token_categories.classify``) from the tokens of the rows' rollouts,
+    every token of each (a token's category can depend on its neighbours)."""
+    if "category" in tokens:
+        return tokens.category.loc[rows.row.to_numpy()].astype(object).to_numpy()
+    if rows.empty:
+        return np.array([], dtype=object)
+    held = tokens[tokens.rollout_id.isin(rows.rollout_id.unique())]
+    categories = token_categories.classify(held).astype(str)
+    return categories.loc[rows.row.to_numpy()].to_numpy(dtype=object)
 
 
 def _written_vocab(tokens: pd.DataFrame) -> dict[int, str]:

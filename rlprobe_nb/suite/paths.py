@@ -77,3 +77,13 @@ def resolve(path: str | os.PathLike) -> Path:
     """A path from a params file: absolute as given, relative to the repository root."""
     p = Path(os.path.expanduser(str(path)))
     return p if p.is_absolute() else REPO_ROOT / p
+
+
+def relative(path: str | os.PathLike) -> Path:
+    """``path`` as a page shows it: relative to where the book writes (``out_root``: e.g.
+    ``data/demo/tokens/…``) or to the checkout, never this machine's absolute folder."""
+    p = Path(path).resolve()
+    for root in (out_root(), REPO_ROOT.resolve()):
+        if p.is_relative_to(root):
+            return p.relative_to(root)
+    return p

@@ -279,7 +279,7 @@ SPIKES = pa.schema(
         ("char_start", _i32),
         ("char_end", _i32),
         ("context", _str),  # ± 12 tokens of text, the token in [brackets]
-        ("category", _str),  # chapter 04's token category, null when not classified
+        ("category", _str),  # chapter 04's token category of the written token (spikes.table.token_category)
         ("first_token", _bool),
         ("significant", _bool),
         ("statistic", _f64),  # T = max(z_divergence, |z_written|), in null scales

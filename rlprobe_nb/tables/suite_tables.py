@@ -59,12 +59,20 @@ def read_tokens(P: Params, pairs: list[tuple[str, str]] | None = None,
     return pd.concat(frames, ignore_index=True)
 
 
+# What a reader calls each run of a suite (the ``run`` of ``accuracy_table``).
+RUN_NAMES = {"reference": "reference", "rlvr": "RLVR", "placebo": "placebo (reward permuted)"}
+
+
+def _run(P: Params, model: str) -> str:
+    return "reference" if model == P.reference else P.run_of(model)
+
+
 def accuracy_table(P: Params) -> pd.DataFrame:
     """Accuracy per model of the suite with its 95% interval, x = RL step (the reference
     at 0): the suite's recorded evaluation (``data/<suite>/shipped/run/accuracy.csv``,
     greedy answers, Wilson interval) where it exists, else what notebook 01 measured for
-    the reference and the target (all answers; Wilson). Columns: model, step, rate, low,
-    high, n, source."""
+    the reference and the target (all answers; Wilson). Columns: model, run (``RUN_NAMES``:
+    the reference, the RLVR run, the placebo run), step, rate, low, high, n, source."""
     from rlprobe_nb import statistics
 
     recorded = paths.shipped_dir(P.suite) / "run" / "accuracy.csv"
@@ -72,8 +80,12 @@ def accuracy_table(P: Params) -> pd.DataFrame:
         acc = pd.read_csv(recorded)
         ci = [statistics.wilson_ci(int(k), int(n))
               for k, n in zip(acc["greedy_correct"], acc["problems"])]
+        run = acc["run"] if "run" in acc else acc["model"].map(lambda m: _run(P, m))
         return pd.DataFrame({
-            "model": acc["model"], "step": acc["step"].astype(int),
+            "model": acc["model"],
+            "run": [RUN_NAMES["reference"] if m == P.reference else RUN_NAMES.get(r, str(r))
+                    for m, r in zip(acc["model"], run)],
+            "step": acc["step"].astype(int),
             "rate": acc["greedy_correct"] / acc["problems"], "low": [c[0] for c in ci],
             "high": [c[1] for c in ci], "n": acc["problems"],
             "source": f"recorded evaluation ({recorded.name}, greedy, Wilson)"})
@@ -81,6 +93,8 @@ def accuracy_table(P: Params) -> pd.DataFrame:
     table = statistics.rate_table(answers, ["model"], cluster=None)
     steps = {P.reference: 0, **P.steps}
     return pd.DataFrame({
-        "model": table["model"], "step": table["model"].map(steps).astype("Int64"),
+        "model": table["model"],
+        "run": [RUN_NAMES[_run(P, m)] for m in table["model"]],
+        "step": table["model"].map(steps).astype("Int64"),
         "rate": table["rate"], "low": table["wilson_low"], "high": table["wilson_high"],
         "n": table["n"], "source": "notebook 01 (all answers, Wilson)"})

@@ -190,3 +190,42 @@ if __name__ == "__main__":  # a report of a folder of pages
             for s in said[:5]:
                 print("   ", s)
         guard.assert_nothing_left()
+
+
+# Per table of a page's outputs: its columns shown (a column hidden on request is not one,
+# nor a table folded in a closed <details>) and how many of those lie beyond the right edge
+# of its output area (behind a scrollbar).
+TABLE_COLUMNS = """() => [...document.querySelectorAll('.jp-OutputArea-output table')].map(t => {
+  if (t.closest('details:not([open])')) return {shown: 0, behind: 0, head: ''};  // folded: on request
+  const box = t.closest('.jp-OutputArea-output').getBoundingClientRect();
+  const row = t.tHead && t.tHead.rows.length ? t.tHead.rows[t.tHead.rows.length - 1] : t.rows[0];
+  const shown = row ? [...row.cells].filter(c => c.getClientRects().length) : [];
+  return {shown: shown.length,
+          behind: shown.filter(c => c.getBoundingClientRect().right > box.right + 1).length,
+          head: shown.slice(0, 4).map(c => c.innerText).join(' | ')};
+})"""
+# The smallest label of every drawn chart, in screen pixels (its font size times the
+# drawing's scale), with its text.
+CHART_LABELS = """() => [...document.querySelectorAll('div.rp-vega .vega-embed svg.marks')].map(svg => {
+  let least = null;
+  svg.querySelectorAll('text').forEach(t => {
+    if (!t.textContent.trim() || !t.getClientRects().length) return;
+    const ctm = t.getScreenCTM();
+    const px = parseFloat(getComputedStyle(t).fontSize) * Math.hypot(ctm.a, ctm.b);
+    if (!least || px < least.px) least = {px: Math.round(px * 10) / 10, text: t.textContent};
+  });
+  return least;
+})"""
+
+
+def narrow_problems(page, most_behind: float = 1 / 3, least_px: float = 9.0) -> list[str]:
+    """At the page's current width: the tables that hide more than ``most_behind`` of their
+    columns behind a scrollbar, and the charts with a label under ``least_px`` pixels."""
+    out = []
+    for i, t in enumerate(page.evaluate(TABLE_COLUMNS)):
+        if t["shown"] and t["behind"] > most_behind * t["shown"]:
+            out.append(f"table {i} ({t['head']} …): {t['behind']} of {t['shown']} columns behind a scrollbar")
+    for i, label in enumerate(page.evaluate(CHART_LABELS)):
+        if label and label["px"] < least_px:
+            out.append(f"chart {i}: a {label['px']}-px label {label['text']!r}")
+    return out

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from book_reader import hover_every_chart, landing, links, open_page, too_precise, visible_text_problems
+from book_reader import (hover_every_chart, landing, links, narrow_problems, open_page, too_precise,
+                         visible_text_problems)
 from browser_harness import headless_chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -91,6 +92,36 @@ def test_every_link_lands_on_what_it_names(browser, pages):
               if not (where := landing(page, url))["landed"]]
     page.close()
     assert missed == [], missed
+
+
+def test_at_800_px_tables_keep_their_columns_in_view_and_chart_labels_stay_readable(browser, pages):
+    """Issue 41, acceptance 4: in an 800-px window no table hides more than a third of its
+    columns behind a scrollbar (the others wait behind a button), no chart label is under
+    9 px (a wide chart scrolls instead of shrinking)."""
+    context, _ = browser
+    page = context.new_page()
+    page.set_viewport_size({"width": 800, "height": 900})
+    problems = {}
+    for path in pages:
+        open_page(page, path)
+        found = narrow_problems(page)
+        if found:
+            problems[path.name] = found
+    page.close()
+    assert problems == {}, problems
+
+
+def test_the_index_states_the_answer_on_its_first_screen(browser, pages):
+    """Issue 41, acceptance 1: at 1280 x 800 the index's first screen holds the findings
+    paragraph whole, with three or more numbers read from the tables."""
+    context, _ = browser
+    page = context.new_page()
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(next(p for p in pages if p.name == "index.html").as_uri())
+    box = page.eval_on_selector("p.rp-findings", "p => p.getBoundingClientRect().bottom")
+    numbers = page.eval_on_selector_all("p.rp-findings .rp-num", "ns => ns.length")
+    page.close()
+    assert box <= 800 and numbers >= 3, (box, numbers)
 
 
 def test_the_viewers_page_hovers_selects_searches_and_steps(browser, small_book, monkeypatch):
