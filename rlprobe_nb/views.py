@@ -7,12 +7,14 @@ displayed as a Vega-Lite spec (JupyterLab draws it with its own built-in rendere
 tooltips and, where both axes are continuous, zoom and pan) beside a static SVG; the book's
 exporter embeds the spec in the page, drawn by the Vega scripts beside the pages
 (``pages.charts``), the static SVG showing until they run. Every mark but a text label
-answers a hover with its named values to four significant digits (``readable_tooltips``).
+answers a hover with its named values to four significant digits, tiny ones in scientific
+notation (``readable_tooltips``).
 The SVG and a PNG are also saved for papers.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -217,9 +219,42 @@ def readable_tooltips(spec: dict, inherited: dict | None = None, facets: list | 
     kind = mark.get("type") if isinstance(mark, dict) else mark
     if kind is not None and kind != "text" and "tooltip" not in encoding:
         spec.setdefault("encoding", {})["tooltip"] = _default_tooltip(encoding, facets)
+    if kind is not None:
+        _tiny_numbers_in_scientific_notation(spec, {**encoding, **spec.get("encoding", {})})
     if kind in ("line", "area") and not (isinstance(mark, dict) and mark.get("point")):
         spec["mark"] = {**(mark if isinstance(mark, dict) else {"type": kind}), "point": HOVER_POINTS}
     return spec
+
+
+def _tiny_numbers_in_scientific_notation(unit: dict, encoding: dict) -> None:
+    """A unit's tooltip numbers shown as text computed in the chart (a ``calculate``
+    transform): four significant digits, or below ``TINY`` in scientific notation (a KL of
+    1.2e-05 reads so, not as 0.00001200). Only plain fields of a unit that aggregates
+    nothing are rewritten: an aggregate's or a bin's value has no field to format."""
+    tips = encoding.get("tooltip")
+    if not isinstance(tips, list) or any(
+            isinstance(d, dict) and ("aggregate" in d or "bin" in d) for d in encoding.values()):
+        return
+    shown, transforms = [], []
+    for entry in tips:
+        field = entry.get("field") if isinstance(entry, dict) else None
+        if isinstance(field, str) and entry.get("format") == TOOLTIP_NUMBER \
+                and _PLAIN_FIELD.fullmatch(field):
+            transforms.append({"calculate": SHOWN_NUMBER.format(field=field), "as": f"{field} (shown)"})
+            entry = {"field": f"{field} (shown)", "type": "nominal", "title": _field_title(entry)}
+        shown.append(entry)
+    if transforms:
+        unit["transform"] = [*unit.get("transform", []), *transforms]
+        unit.setdefault("encoding", {})["tooltip"] = shown
+
+
+# Numbers under this size (not zero) read in scientific notation in a tooltip.
+TINY = 1e-3
+_PLAIN_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_ ]*")  # read as datum['...'] as it is
+SHOWN_NUMBER = ("isValid(datum['{field}']) && isFinite(datum['{field}']) ? "
+                f"(datum['{{field}}'] != 0 && abs(datum['{{field}}']) < {TINY} ? "
+                "format(datum['{field}'], '.3~e') : "
+                f"format(datum['{{field}}'], '{TOOLTIP_NUMBER}')) : '–'")
 
 
 class ChartView:
@@ -238,8 +273,6 @@ class ChartView:
     @property
     def width(self) -> float:
         """The chart's width in pixels, as drawn."""
-        import re
-
         return float(re.search(r'<svg[^>]*\swidth="([\d.]+)"', self.svg).group(1))
 
     def _repr_mimebundle_(self, include=None, exclude=None):
