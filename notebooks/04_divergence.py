@@ -166,6 +166,41 @@ charts.changes_for_display(CHANGES, group)
 views.show(charts.group_contrast_chart(WHEN), save_as=FIGURES / "04_groups")
 
 # %% [markdown]
+# ## The disagreement map: where the checkpoint would write another token
+#
+# A divergence is a shift of probability; a *disagreement* is where it changes the
+# choice: the checkpoint's most probable token is another token than the one the
+# reference wrote (not the same text up to whitespace and case: "\n" → "\n\n" is no
+# disagreement). Chapter 08 branches at exactly these contexts and asks whether the
+# checkpoint's choice decides the answer. Here, for every checkpoint, RLVR beside its
+# placebo at each step, and for each label (first wrong digits, operands, operators,
+# other tokens), the share of positions where it disagrees (interval: 95%, problems
+# resampled), the share where its choice is not the reference's top-1 either, and where
+# its choice ranks in the reference's top-k.
+
+# %%
+from rlprobe_nb.divergence import disagreement
+from rlprobe_nb.divergence import disagreement_charts
+from rlprobe_nb.suite import models
+
+tokenizer = models.load_tokenizer(P.reference, P)
+mine = TOKENS[TOKENS.group == group]
+MARKED = disagreement.annotate(mine, LABEL.loc[mine.index],
+                               text_of=lambda i: tokenizer.decode([i]),
+                               special=set(tokenizer.all_special_ids))
+DISAGREEMENT = disagreement.map_table(MARKED, P.run_of, seed=seed)
+display(reporting.display_table(DISAGREEMENT.drop(columns=["new_low", "new_high"]), {
+    "share [95% interval]": ("share", "low", "high", "problems", {})}))
+Markdown(disagreement.sentence(DISAGREEMENT, reporting.fmt, reporting.interval_text))
+
+# %%
+views.show(disagreement_charts.share_chart(DISAGREEMENT), save_as=FIGURES / "04_disagreement_map")
+
+# %%
+views.show(disagreement_charts.rank_chart(disagreement.rank_table(DISAGREEMENT)),
+           save_as=FIGURES / "04_disagreement_ranks")
+
+# %% [markdown]
 # ## Tails: a few tokens or all of them?
 #
 # The distribution of KL(ref‖ckpt) per token at each step (values below 1e-6 nats, within
