@@ -111,7 +111,9 @@ def map_table(marked: pd.DataFrame, run_of: Callable[[str], str], n_boot: int = 
 def rank_table(table: pd.DataFrame) -> pd.DataFrame:
     """The share of each reference rank among the disagreements, long: checkpoint, run,
     step, label, rank, share."""
-    long = table.melt(["checkpoint", "run", "step", "label", "disagreements"],
+    long = table[["checkpoint", "run", "step", "label", "disagreements"]
+                 + [f"ref_rank_{r}" for r in RANKS]].melt(
+        ["checkpoint", "run", "step", "label", "disagreements"],
                       [f"ref_rank_{r}" for r in RANKS], var_name="rank", value_name="share")
     long["rank"] = long["rank"].str.removeprefix("ref_rank_")
     return long[long["disagreements"] > 0].reset_index(drop=True)
