@@ -184,8 +184,10 @@ from rlprobe_nb.divergence import disagreement_charts
 from rlprobe_nb.suite import models
 
 tokenizer = models.load_tokenizer(P.reference, P)
-mine = TOKENS[TOKENS.group == group]
-MARKED = disagreement.annotate(mine, LABEL.loc[mine.index],
+BOTH_RUNS = suite_tables.read_tokens(P, [(c, P.reference) for c in P.forced],
+                                     columns=disagreement.TOKEN_COLUMNS)
+mine = BOTH_RUNS[BOTH_RUNS.group == group]
+MARKED = disagreement.annotate(mine, disagreement.labels_for(mine, TOKENS, LABEL),
                                text_of=lambda i: tokenizer.decode([i]),
                                special=set(tokenizer.all_special_ids))
 DISAGREEMENT = disagreement.map_table(MARKED, P.run_of, seed=seed)

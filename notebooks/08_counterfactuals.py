@@ -176,11 +176,13 @@ MAIN = points.select_disagreements(TOK, SPIKES, checkpoint=checkpoint, strata=C.
 POSITIVE = points.select_positive(TOK, MAIN, C.positive_points, seed=C.seed)
 POINTS = plan.combine(MAIN, POSITIVE)
 spiked = points.spike_keys(SPIKES, checkpoint, (group,))
-agreeing = pool[~pool.disagrees & pd.Series(list(zip(pool.rollout_id, pool.pos))).isin(spiked).to_numpy()]
+agreeing = pool[~pool.disagrees.to_numpy()
+                & pd.Series(list(zip(pool.rollout_id, pool.pos))).isin(spiked).to_numpy()]
 print(f"strata {C.point_strata}: {len(MAIN)} points in {MAIN.problem_id.nunique()} problems "
       f"({MAIN.rule.value_counts().to_dict()}), {int(MAIN.spike.sum())} of them spikes; "
       f"{len(spiked)} significant spikes of {checkpoint!r} in group {group!r}, "
-      f"{len(agreeing)} of them where the written token is its own top-1 (not points); "
+      f"{len(agreeing)} of them where its top-1 is the written token or the same text "
+      "(not points); "
       f"positive control: {len(POSITIVE)} first wrong digits in {POSITIVE.problem_id.nunique()} "
       "problems")
 POINTS[["rollout_id", "pos", "rule", "main", "positive", "spike", "token", "ground_truth",
@@ -249,7 +251,8 @@ else:
 # %%
 OWN, OWN_CONTROLS = pd.DataFrame(), pd.DataFrame()
 if PLACEBO and C.placebo_points:
-    placebo_rows = TOKENS[(TOKENS.checkpoint == PLACEBO) & (TOKENS.group == group)]
+    placebo_rows = suite_tables.read_tokens(P, [(PLACEBO, P.reference)])
+    placebo_rows = placebo_rows[placebo_rows.group == group]
     OWN_TOK = points.branch_tokens(placebo_rows.reset_index(drop=True), ROLLOUTS.iloc[:0], texts,
                                    tokenizer, gold)
     OWN = points.select_disagreements(OWN_TOK, SPIKES, checkpoint=PLACEBO, strata=C.point_strata,

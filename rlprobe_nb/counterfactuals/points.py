@@ -136,7 +136,8 @@ def branch_tokens(forced: pd.DataFrame, others: pd.DataFrame, texts: dict[str, s
     rows and the tokens of the ``others`` rollouts, with chapter 04's category and
     ``result_is_answer`` (is the wrong statement's true value the problem's answer)."""
     special = {int(i) for i in tokenizer.all_special_ids}
-    rows = pd.concat([forced, rollout_tokens(others, tokenizer)], ignore_index=True)
+    rows = pd.concat([forced, rollout_tokens(others, tokenizer)], ignore_index=True) \
+        if len(others) else forced.reset_index(drop=True)
     rows["category"] = token_categories.classify(rows, texts).astype(str)
     out = annotate(rows, texts, text_of=lambda i: tokenizer.decode([i]),
                    encode=lambda s: tokenizer.encode(s, add_special_tokens=False),

@@ -38,6 +38,22 @@ COLUMNS = ["checkpoint", "run", "step", "label", "positions", "problems", "disag
           [f"ref_rank_{r}" for r in RANKS]
 
 
+TOKEN_COLUMNS = ["checkpoint", "reference", "group", "rollout_id", "problem_id", "pos",
+                 "first_token", "token_id", "topk_ids_ckpt", "topk_ids_ref"]
+
+
+def labels_for(rows: pd.DataFrame, labelled: pd.DataFrame, labels: pd.Series) -> pd.Series:
+    """The ground-truth label of each of ``rows`` (any checkpoint's token rows), read from
+    ``labels`` of ``labelled`` (token rows of the same rollouts, same index): the label
+    depends on the written text alone, so every checkpoint's row of a position has the
+    same one. A position ``labelled`` lacks is "other"."""
+    by_key = pd.Series(labels.to_numpy(), index=pd.MultiIndex.from_arrays(
+        [labelled["rollout_id"], labelled["pos"]])).astype(str)
+    by_key = by_key[~by_key.index.duplicated()]
+    keys = pd.MultiIndex.from_arrays([rows["rollout_id"], rows["pos"]])
+    return pd.Series(by_key.reindex(keys).fillna("other").to_numpy(), index=rows.index)
+
+
 def _top1(topk) -> int:
     return int(topk[0]) if isinstance(topk, (list, tuple, np.ndarray)) and len(topk) else -1
 
