@@ -176,7 +176,9 @@ views.show(charts.group_contrast_chart(WHEN), save_as=FIGURES / "04_groups")
 # placebo at each step, and for each label (first wrong digits, operands, operators,
 # other tokens), the share of positions where it disagrees (interval: 95%, problems
 # resampled), the share where its choice is not the reference's top-1 either, and where
-# its choice ranks in the reference's top-k.
+# its choice ranks in the reference's top-k. The reference itself stands at step 0: the
+# rollouts were sampled from it, so where it drew another token than its first choice
+# it "disagrees" too; a checkpoint's share is read against that baseline.
 
 # %%
 from rlprobe_nb.divergence import disagreement
@@ -189,10 +191,10 @@ BOTH_RUNS = suite_tables.read_tokens(P, [(c, P.reference) for c in P.forced],
 mine = BOTH_RUNS[BOTH_RUNS.group == group]
 MARKED = disagreement.annotate(mine, disagreement.labels_for(mine, TOKENS, LABEL),
                                text_of=lambda i: tokenizer.decode([i]),
-                               special=set(tokenizer.all_special_ids))
-DISAGREEMENT = disagreement.map_table(MARKED, P.run_of, seed=seed)
-display(reporting.display_table(DISAGREEMENT.drop(columns=["new_low", "new_high"]), {
-    "share [95% interval]": ("share", "low", "high", "problems", {})}))
+                               special=set(tokenizer.all_special_ids), reference=P.reference)
+DISAGREEMENT = disagreement.map_table(
+    MARKED, lambda c: "reference" if c == P.reference else P.run_of(c), seed=seed)
+display(disagreement.display_frame(DISAGREEMENT, reporting.interval_text))
 Markdown(disagreement.sentence(DISAGREEMENT, reporting.fmt, reporting.interval_text))
 
 # %%

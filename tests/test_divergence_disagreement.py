@@ -28,6 +28,7 @@ def tokens(n_problems: int = 6):
                 if ckpt == "pl" and pos in (1, 3):
                     ck_top = ref_top  # the placebo keeps the written tokens there
                 rows.append({"checkpoint": ckpt, "step": step, "problem_id": f"p{p}",
+                             "rollout_id": f"p{p}#0",
                              "pos": pos, "first_token": pos == 0, "token_id": written,
                              "topk_ids_ckpt": ck_top, "topk_ids_ref": ref_top, "label": label})
     return pd.DataFrame(rows)
@@ -52,6 +53,16 @@ def test_the_map_counts_real_alternatives_by_label_with_ranks_in_the_references_
     ranks = disagreement.rank_table(table)
     assert set(ranks["rank"]) <= set(disagreement.RANKS)
     assert "operands" not in set(ranks.label)  # no operand, no disagreement: no row
+    with_ref = disagreement.annotate(tok, tok["label"], TEXT.get, special={8}, reference="ref")
+    assert len(with_ref) == len(marked) + 36  # the reference once per position
+    runs = {"rl": "rlvr", "pl": "placebo", "ref": "reference"}.get
+    ref = disagreement.map_table(with_ref, runs, n_boot=200).set_index(["checkpoint", "label"])
+    # its own first choice differs from the token drawn only at the " the" it wrote for "9"
+    assert ref.loc[("ref", "all tokens")].disagreements == 6
+    assert ref.loc[("ref", "other tokens")].disagreements == 6 and ref.loc[("ref", "all tokens")].step == 0
+    assert "reference" not in set(disagreement.rank_table(ref.reset_index()).run)
+    shown = disagreement.display_frame(ref.reset_index(), lambda e, lo, hi, n: f"{e:.2f}")
+    assert list(shown.label.unique())[0] == "all tokens" and "reference: share" in shown
     said = disagreement.sentence(table, lambda x: f"{x:.2f}",
                                  lambda e, lo, hi, n: f"{e:.2f} [{lo:.2f}, {hi:.2f}]")
     assert "18 of 36" in said and "6 of 36" in said

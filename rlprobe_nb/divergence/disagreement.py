@@ -31,8 +31,8 @@ from rlprobe_nb.counterfactuals.points import STRATA, is_real_alternative
 from rlprobe_nb.statistics import cluster_bootstrap_ci, seed_from
 
 RANKS = ("1", "2", "3", "4..k", "beyond k")
-NAMES = {"result_first_wrong": "first wrong digits", "operand": "operands",
-         "operator": "operators", "other": "other tokens", "all": "all tokens"}
+NAMES = {"all": "all tokens", "result_first_wrong": "first wrong digits", "operand": "operands",
+         "operator": "operators", "other": "other tokens"}
 COLUMNS = ["checkpoint", "run", "step", "label", "positions", "problems", "disagreements",
            "share", "low", "high", "share_new", "new_low", "new_high"] + \
           [f"ref_rank_{r}" for r in RANKS]
@@ -67,13 +67,23 @@ def _ref_rank(choice: int, topk_ref) -> str:
 
 
 def annotate(tokens: pd.DataFrame, labels: pd.Series, text_of: Callable[[int], str],
-             special: set[int] = frozenset()) -> pd.DataFrame:
+             special: set[int] = frozenset(), reference: str | None = None) -> pd.DataFrame:
     """The positions the map reads (first response tokens left out), each with its label
     stratum (``stratum``), ``disagrees``, ``new`` (disagrees, and the choice is not the
     reference's top-1) and ``ref_rank`` (where the choice ranks in the reference's
-    top-k). ``labels``: the ground-truth label of each row of ``tokens`` (same index)."""
+    top-k). ``labels``: the ground-truth label of each row of ``tokens`` (same index).
+    With ``reference`` (its name), the reference itself is added at step 0, its own
+    top-1 read as the choice: the written tokens were sampled from it, so it too
+    "disagrees" where it drew another token than its first choice (the baseline)."""
     rows = tokens[~tokens["first_token"].to_numpy(bool)]
     label = labels.loc[rows.index].astype(str)
+    if reference is not None:
+        itself = ~rows.duplicated(["rollout_id", "pos"]).to_numpy()
+        own = rows[itself].assign(checkpoint=reference, step=0,
+                                  topk_ids_ckpt=rows["topk_ids_ref"][itself])
+        label = pd.concat([label, label[itself]], ignore_index=True)
+        rows = pd.concat([rows, own], ignore_index=True)
+        label.index = rows.index
     texts: dict[int, str] = {}
 
     def text(i: int) -> str:
@@ -103,7 +113,8 @@ def _share(values: np.ndarray, problems: np.ndarray, n_boot: int, seed: int):
 def map_table(marked: pd.DataFrame, run_of: Callable[[str], str], n_boot: int = 1000,
               seed: int = 0) -> pd.DataFrame:
     """One row per (checkpoint, label stratum and "all"): see the module doc.
-    ``marked``: ``annotate``'s rows; ``run_of``: "rlvr" or "placebo" for a checkpoint."""
+    ``marked``: ``annotate``'s rows; ``run_of``: "rlvr", "placebo" (or "reference") for
+    a checkpoint."""
     rows = []
     for (ckpt, step), part in marked.groupby(["checkpoint", "step"], sort=True):
         for label in ("all",) + STRATA:
@@ -124,6 +135,25 @@ def map_table(marked: pd.DataFrame, run_of: Callable[[str], str], n_boot: int = 
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def display_frame(table: pd.DataFrame, interval: Callable) -> pd.DataFrame:
+    """The map for reading: one row per (label, step), the share of each run with its
+    interval as text (``interval(estimate, low, high, problems)``), and the share where
+    the choice is not the reference's top-1 either."""
+    out = []
+    for (label, step), part in table.groupby(["label", "step"], sort=False):
+        row = {"label": label, "step": int(step)}
+        for r in part.itertuples():
+            row[f"{r.run}: share"] = interval(r.share, r.low, r.high, int(r.problems))
+            if r.run != "reference":
+                row[f"{r.run}: not the reference's top-1"] = interval(
+                    r.share_new, r.new_low, r.new_high, int(r.problems))
+        out.append(row)
+    order = {name: i for i, name in enumerate(NAMES.values())}
+    frame = pd.DataFrame(out).fillna("–")
+    return frame.sort_values(["label", "step"], key=lambda c: c.map(order) if c.name == "label"
+                             else c).reset_index(drop=True)
+
+
 def rank_table(table: pd.DataFrame) -> pd.DataFrame:
     """The share of each reference rank among the disagreements, long: checkpoint, run,
     step, label, rank, share."""
@@ -132,7 +162,7 @@ def rank_table(table: pd.DataFrame) -> pd.DataFrame:
         ["checkpoint", "run", "step", "label", "disagreements"],
                       [f"ref_rank_{r}" for r in RANKS], var_name="rank", value_name="share")
     long["rank"] = long["rank"].str.removeprefix("ref_rank_")
-    return long[long["disagreements"] > 0].reset_index(drop=True)
+    return long[(long["disagreements"] > 0) & (long["run"] != "reference")].reset_index(drop=True)
 
 
 def sentence(table: pd.DataFrame, fmt: Callable, interval: Callable) -> str:
@@ -148,6 +178,12 @@ def sentence(table: pd.DataFrame, fmt: Callable, interval: Callable) -> str:
             parts.append(f"{r['checkpoint']} disagrees with the written token at "
                          f"{r['disagreements']} of {r['positions']} positions, a share of "
                          f"{interval(r['share'], r['low'], r['high'], int(r['problems']))}")
+    base = table[(table["run"] == "reference") & (table["label"] == NAMES["all"])]
+    if len(base):
+        r = base.iloc[0]
+        parts.append(f"the reference itself (its first choice against the token it drew) at "
+                     f"{r['disagreements']}, "
+                     f"{interval(r['share'], r['low'], r['high'], int(r['problems']))}")
     rl = last[(last["run"] == "rlvr") & (last["label"] == NAMES["all"])]
     if len(rl) and rl.iloc[0]["disagreements"]:
         r = rl.iloc[0]

@@ -10,7 +10,7 @@ import pandas as pd
 from rlprobe_nb.divergence.charts import FEW, STEP_AXIS, has_intervals, shown
 from rlprobe_nb.divergence.disagreement import NAMES, RANKS
 
-RUNS = alt.Scale(domain=["rlvr", "placebo"], range=["#d62728", "#7f7f7f"])
+RUNS = alt.Scale(domain=["rlvr", "placebo", "reference"], range=["#d62728", "#7f7f7f", "#1f77b4"])
 
 
 def share_chart(table: pd.DataFrame, width: int = 230, height: int = 160):
@@ -18,7 +18,9 @@ def share_chart(table: pd.DataFrame, width: int = 230, height: int = 160):
     one, against RL step, RLVR and placebo, one panel per label (95% intervals over
     problems; faded without one)."""
     data = shown(table.rename(columns={"share": "estimate"}))
-    x = alt.X("step:Q", title=STEP_AXIS)
+    steps = sorted(int(v) for v in data["step"].unique())
+    x = alt.X("step:Q", title=STEP_AXIS, axis=alt.Axis(values=steps, labelAngle=-45),
+              scale=alt.Scale(domain=[0, max(steps + [1])], nice=False))
     panels = []
     for label in NAMES.values():
         part = data[data["label"] == label]
@@ -34,7 +36,8 @@ def share_chart(table: pd.DataFrame, width: int = 230, height: int = 160):
     rows = [alt.hconcat(*panels[i:i + 3]) for i in range(0, len(panels), 3)]
     return alt.vconcat(*rows).properties(title=[
         "Where the checkpoint would write another token: share of positions, by label",
-        f"(95% intervals over problems; faded: {FEW})"])
+        f"(the reference at 0: where its own first choice was not the token drawn; 95% "
+        f"intervals over problems; faded: {FEW})"])
 
 
 def rank_chart(ranks: pd.DataFrame, label: str = NAMES["all"], width: int = 230,
