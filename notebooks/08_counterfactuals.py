@@ -376,7 +376,7 @@ for model in policies:
         print(narrative.positive_line(POSITIVE_SUMMARY, model))
     else:
         print(f"positive control ({model}): not run for this policy (it continues the main "
-              f"points and their controls only); {checkpoint}'s is above")
+              f"points, their controls and its own points only); {checkpoint}'s is above")
     print("\n".join(narrative.main_lines(SUMMARY, model, alternative_of=checkpoint)
                     + ["  by label:"] + narrative.group_lines(SUMMARY, model)))
 SHOWN = reporting.with_interval_text(SUMMARY, "mean", "low", "high", "problems", signed=True)

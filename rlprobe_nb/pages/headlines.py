@@ -137,6 +137,9 @@ def _branches(t: Tables, P) -> list[str]:
 
     names = list(found)
     mine = [p for g in by_label.STRATA if (p := part(found[names[0]], ckpt, "point", g))]
+    if not mine:
+        return [f"{html.escape(ckpt)}: no disagreement point was branched at (its branches "
+                "table holds none)."]
     out = [f"{html.escape(ckpt)}'s choice swapped in where it would write another token "
            "(pass rate kept → swapped): " + "; ".join(mine) + "."]
     for name, kind in zip(names[1:], ("point", "own_point")):
