@@ -109,7 +109,7 @@ def test_the_main_points_are_disagreements_enough_of_them_first_wrong_digits(bra
     P, table = branches
     ckpt = table.checkpoint.iloc[0]
     placebo = P.placebo_for(ckpt)
-    tokens = suite_tables.read_tokens(P)
+    tokens = suite_tables.read_tokens(P, [(c, P.reference) for c in P.forced])
     tokens = tokens[tokens.reference == P.reference]
     main = _top1_check(table, tokens, ckpt, "point")
     print(f"\n{len(main)} points in {main.problem_id.nunique()} problems: "

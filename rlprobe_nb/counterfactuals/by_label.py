@@ -78,7 +78,8 @@ def table(summaries: dict[str, pd.DataFrame], min_clusters: int = MIN_CLUSTERS) 
                 "mean effect": _text(point, min_clusters),
                 "controls": "none matched" if control is None else
                 f"{int(control['branches'])}: {_text(control, min_clusters)}",
-                "point − control": _text(diff, min_clusters)})
+                "point − control": _text(diff, min_clusters)
+                if control is not None and int(control["problems"]) >= min_clusters else "–"})
     return pd.DataFrame(rows)
 
 
