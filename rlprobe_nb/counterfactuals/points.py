@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from rlprobe_nb.divergence import ground_truth, token_categories
+from rlprobe_nb.divergence.disagreement import STRATA, is_real_alternative  # noqa: F401 (the rule)
 from rlprobe_nb.forcing.spans import token_spans
 from rlprobe_nb.statistics import seed_from
 
@@ -60,16 +61,6 @@ DIGITS = "0123456789"
 
 
 # --- real alternatives ----------------------------------------------------------------
-
-def _plain(text: str) -> str:
-    return text.strip().casefold()
-
-
-def is_real_alternative(written: str, alternative: str) -> bool:
-    """Whether ``alternative`` says something else than ``written``: its text, whitespace
-    stripped and case ignored, is neither empty nor the written token's."""
-    return bool(_plain(alternative)) and _plain(alternative) != _plain(written)
-
 
 def real_alternative(topk_ids: Iterable[int], written: str, text_of: Callable[[int], str],
                      exclude: set[int] = frozenset()) -> tuple[int, int] | None:
@@ -305,7 +296,6 @@ def select_points(tokens: pd.DataFrame, spikes: pd.DataFrame, *, checkpoint: str
 
 # --- disagreements: where the checkpoint would write another token ----------------------
 
-STRATA = ("result_first_wrong", "operand", "operator", "other")  # labels drawn in turn
 DEFAULT_STRATA = ("result_first_wrong", "operand", "result_first_wrong", "operator", "other")
 
 

@@ -3,7 +3,7 @@
 At every forced position (the first response token left out) the checkpoint *disagrees*
 where its most probable token (``topk_ids_ckpt[0]``) is a real alternative to the token
 the reference wrote: not that token, and not the same text up to whitespace and case
-(chapter 08's rule, ``counterfactuals.points.is_real_alternative``: "\\n" -> "\\n\\n" is
+(``is_real_alternative``, the rule chapter 08 branches by: "\\n" -> "\\n\\n" is
 no disagreement, "4" -> "0" is). Chapter 08 branches at exactly these contexts.
 
 ``map_table`` gives, for every checkpoint (RLVR and placebo, by RL step) and label stratum
@@ -27,8 +27,22 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from rlprobe_nb.counterfactuals.points import STRATA, is_real_alternative
 from rlprobe_nb.statistics import cluster_bootstrap_ci, seed_from
+
+# the label strata of chapter 08's points and of this map: ground-truth labels, the rest
+# "other" (words, correct results, final answers)
+STRATA = ("result_first_wrong", "operand", "operator", "other")
+
+
+def _plain(text: str) -> str:
+    return text.strip().casefold()
+
+
+def is_real_alternative(written: str, alternative: str) -> bool:
+    """Whether ``alternative`` says something else than ``written``: its text, whitespace
+    stripped and case ignored, is neither empty nor the written token's (chapter 08 swaps
+    in only such a token)."""
+    return bool(_plain(alternative)) and _plain(alternative) != _plain(written)
 
 RANKS = ("1", "2", "3", "4..k", "beyond k")
 NAMES = {"all": "all tokens", "result_first_wrong": "first wrong digits", "operand": "operands",
