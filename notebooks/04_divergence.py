@@ -176,6 +176,45 @@ views.show(charts.group_contrast_chart(WHEN), save_as=FIGURES / "04_groups")
 Markdown(narrative.say_group_verdict(WHEN, group))
 
 # %% [markdown]
+# ## The disagreement map: where the checkpoint would write another token
+#
+# A divergence is a shift of probability; a *disagreement* is where it changes the
+# choice: the checkpoint's most probable token is another token than the one the
+# reference wrote (not the same text up to whitespace and case: "\n" → "\n\n" is no
+# disagreement). Chapter 08 branches at exactly these contexts and asks whether the
+# checkpoint's choice decides the answer. Here, for every checkpoint, RLVR beside its
+# placebo at each step, and for each label (first wrong digits, operands, operators,
+# other tokens), the share of positions where it disagrees (interval: 95%, problems
+# resampled), the share where its choice is not the reference's top-1 either, and where
+# its choice ranks in the reference's top-k. The reference itself stands at step 0: the
+# rollouts were sampled from it, so where it drew another token than its first choice
+# it "disagrees" too; a checkpoint's share is read against that baseline.
+
+# %%
+from rlprobe_nb.divergence import disagreement
+from rlprobe_nb.divergence import disagreement_charts
+from rlprobe_nb.suite import models
+
+tokenizer = models.load_tokenizer(P.reference, P)
+BOTH_RUNS = suite_tables.read_tokens(P, [(c, P.reference) for c in P.forced],
+                                     columns=disagreement.TOKEN_COLUMNS)
+mine = BOTH_RUNS[BOTH_RUNS.group == group]
+MARKED = disagreement.annotate(mine, disagreement.labels_for(mine, TOKENS, LABEL),
+                               text_of=lambda i: tokenizer.decode([i]),
+                               special=set(tokenizer.all_special_ids), reference=P.reference)
+DISAGREEMENT = disagreement.map_table(
+    MARKED, lambda c: "reference" if c == P.reference else P.run_of(c), seed=seed)
+display(disagreement.display_frame(DISAGREEMENT, reporting.interval_text))
+Markdown(disagreement.sentence(DISAGREEMENT, reporting.fmt, reporting.interval_text))
+
+# %%
+views.show(disagreement_charts.share_chart(DISAGREEMENT), save_as=FIGURES / "04_disagreement_map")
+
+# %%
+views.show(disagreement_charts.rank_chart(disagreement.rank_table(DISAGREEMENT)),
+           save_as=FIGURES / "04_disagreement_ranks")
+
+# %% [markdown]
 # ## Tails: a few tokens or all of them?
 #
 # The distribution of KL(ref‖ckpt) per token at each step (values below 1e-6 nats, within

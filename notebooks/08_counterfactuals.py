@@ -30,9 +30,16 @@
 #    ground-truth labeller of chapter 04 finds them), swap in the *correct* digit. Where
 #    the answer is copied from that result, this must lift the pass rate. If it does, the
 #    method can see a decisive token; if not, a null result below says little.
-# 2. **the main result**: at branch points chosen by content (the checkpoint's significant
-#    spikes, then tokens that carry the arithmetic), swap in the checkpoint's own top-1
-#    alternative, and compare with the same swap at matched *control* tokens.
+# 2. **the main result**: at the checkpoint's *disagreement points*, contexts where its
+#    most probable token is another token than the one written (a real alternative, not
+#    the same text up to whitespace or case), swap in its choice and compare with the same
+#    swap at matched *control* tokens, label by label (first wrong digits, operands,
+#    operators, other tokens). Where the written token is already the checkpoint's first
+#    choice, its "alternative" is a runner-up it does not prefer, and the swap says nothing
+#    about what RLVR taught it: such contexts are never main points.
+# 3. **the placebo, twice**: the placebo checkpoint continuing the same contexts with the
+#    same swap, and at *its own* disagreement points (its top-1 swapped in, the placebo
+#    continuing): does a change made without the reward's information decide the answer?
 
 # %%
 from typing import Optional
@@ -41,7 +48,8 @@ import pandas as pd
 from IPython.display import display
 
 from rlprobe_nb import reporting, views
-from rlprobe_nb.counterfactuals import branching, charts, narrative, plan, points, table, takeover
+from rlprobe_nb.counterfactuals import (branching, by_label, charts, narrative, plan, points, table,
+                                        takeover)
 from rlprobe_nb.problems import grading
 from rlprobe_nb.render import case_studies
 from rlprobe_nb.suite import models, params, paths
@@ -55,7 +63,8 @@ n: Optional[int] = None  # continuations per context (default: counterfactuals.n
 max_points: Optional[int] = None  # main branch points, chosen by content (default: counterfactuals.max_points)
 positive_points: Optional[int] = None  # first wrong digits of the positive control (default: counterfactuals.positive_points)
 positive_pool: Optional[str] = None  # where the positive control's digits come from: problems or forced (default: counterfactuals.positive_pool)
-point_rule: Optional[list[str]] = None  # ground-truth labels that choose points after the spikes, in order (default: counterfactuals.point_rule)
+point_rule: Optional[list[str]] = None  # within a label: spikes, then these ground-truth labels, in order (default: counterfactuals.point_rule)
+point_strata: Optional[list[str]] = None  # labels drawn in turn, one point per entry and turn (default: counterfactuals.point_strata)
 include_format: Optional[bool] = None  # let format tokens be points too (default: counterfactuals.include_format)
 grid_points: Optional[int] = None  # prefix lengths of each takeover curve (default: counterfactuals.grid_points)
 n_case_studies: Optional[int] = None  # rollouts that get a takeover curve (default: counterfactuals.case_studies)
@@ -63,6 +72,7 @@ temperature: Optional[float] = None  # sampling temperature of the continuations
 continuation_tokens: Optional[int] = None  # most new tokens of one continuation (default: counterfactuals.continuation_tokens)
 ref_min_pass: Optional[float] = None  # the reference continues only problems it solves at least this often
 placebo: Optional[bool] = None  # the placebo at the checkpoint's step continues the same contexts too (default: counterfactuals.placebo)
+placebo_points: Optional[bool] = None  # the placebo also branches at its own disagreement points (default: counterfactuals.placebo_points)
 caliper: Optional[float] = None  # controls: largest gap to the point in the reference entropy, nats
 seed: Optional[int] = None  # seed of the continuations (default: counterfactuals.seed)
 n_boot: int = 2000  # bootstrap resamples of the effect intervals
@@ -77,10 +87,11 @@ overwrite: bool = False  # recompute tables computed from other inputs (without 
 # %%
 params.check_notebook_parameters(globals())
 given = {"n": n, "max_points": max_points, "positive_points": positive_points,
-         "point_rule": point_rule, "include_format": include_format, "grid_points": grid_points,
+         "point_rule": point_rule, "point_strata": point_strata,
+         "include_format": include_format, "grid_points": grid_points,
          "case_studies": n_case_studies, "temperature": temperature,
          "continuation_tokens": continuation_tokens, "positive_pool": positive_pool,
-         "ref_min_pass": ref_min_pass, "placebo": placebo,
+         "ref_min_pass": ref_min_pass, "placebo": placebo, "placebo_points": placebo_points,
          "caliper": caliper, "seed": seed}
 P = params.load(suite, overrides={f"counterfactuals.{k}": v for k, v in given.items()})
 C = P.counterfactuals
@@ -130,52 +141,74 @@ for label, part in (("forced", first_wrong[first_wrong.rollout_id.isin(forced)])
 first_wrong.correct_how.value_counts().rename("first wrong digits: how corrected, or why not")
 
 # %% [markdown]
-# ## Where to branch
+# ## Where to branch: the checkpoint's disagreements
 #
-# The rule (`point_rule`) is an ordered list of sources: the checkpoint's significant
-# spikes of chapter 05, then tokens by ground-truth label (a token counts for the first
-# source that has it). Up to `max_points` are drawn in rounds over problems, since the
-# effect is averaged over problems: each round takes from every problem its best-ranked
-# token left by the rule, ties drawn with the seed. Format tokens are never points unless
-# `include_format`; nor are first response tokens (they depend on the prompt alone), EOS,
-# or tokens without a real alternative. The positive control takes up to
-# `positive_points` first wrong digits that have a correct digit: those among the points,
-# then each rollout's earliest (the error the rest of it inherits), then later ones, each
-# time in turn from the two kinds of wrong statement (its true value is the answer, or
-# another result), since the control is read by kind. Each point says which rule picked
-# it (`rule`).
+# A main point is a context where the checkpoint's most probable token is a *real
+# alternative* to the written one (not that token, not the same text up to whitespace
+# or case): there it would have written something else, and swapping its choice in asks
+# whether that choice decides the answer. Labels are drawn in turn (`point_strata`: one
+# point per entry and turn, a label listed twice gets two), so first wrong digits,
+# operands, operators and other tokens each get points; within a label, the checkpoint's
+# significant spikes of chapter 05 come first, then the ground-truth labels of
+# `point_rule` in order, then the rest, drawn in rounds over problems (the effect is
+# averaged over problems), ties with the seed. At most `max_points`. Format tokens are
+# never points unless `include_format`; nor are first response tokens (they depend on the
+# prompt alone) or EOS. A spike whose written token is the checkpoint's own top-1 is not
+# a main point (its top-1 alternative is a runner-up the checkpoint does not prefer).
+# Each point's `rule` is its label.
+#
+# The positive control takes up to `positive_points` first wrong digits that have a
+# correct digit: those among the points, then each rollout's earliest (the error the rest
+# of it inherits), then later ones, each time in turn from the two kinds of wrong
+# statement (its true value is the answer, or another result).
 
 # %%
-MAIN = points.select_points(TOK, SPIKES, checkpoint=checkpoint, rule=C.point_rule,
-                            max_points=C.max_points, seed=C.seed, groups=(group,),
-                            include_format=C.include_format)
+forced_tok = TOK[TOK.rollout_id.isin(forced) & points.eligible(TOK, C.include_format)]
+pool = forced_tok.assign(label=points.stratum(forced_tok), disagrees=points.disagrees(forced_tok))
+print(f"{int(pool.disagrees.sum())} of {len(pool):,} branchable contexts of {checkpoint!r} are "
+      f"disagreements, in {pool[pool.disagrees].problem_id.nunique()} problems")
+display(pool.groupby("label").size().rename("branchable contexts").to_frame().join(
+    pool[pool.disagrees].groupby("label").agg(disagreements=("pos", "size"),
+                                              problems=("problem_id", "nunique"))).fillna(0))
+MAIN = points.select_disagreements(TOK, SPIKES, checkpoint=checkpoint, strata=C.point_strata,
+                                   rule=C.point_rule, max_points=C.max_points, seed=C.seed,
+                                   groups=(group,), include_format=C.include_format)
 POSITIVE = points.select_positive(TOK, MAIN, C.positive_points, seed=C.seed)
 POINTS = plan.combine(MAIN, POSITIVE)
-n_spikes = len(points.spike_keys(SPIKES, checkpoint, (group,)))
-print(f"rule {C.point_rule}: {len(MAIN)} points in {MAIN.problem_id.nunique()} problems "
-      f"({MAIN.rule.value_counts().to_dict()}); {n_spikes} significant spikes of {checkpoint!r} "
-      f"in group {group!r}; positive control: {len(POSITIVE)} first wrong digits in "
-      f"{POSITIVE.problem_id.nunique()} problems")
-POINTS[["rollout_id", "pos", "rule", "main", "positive", "token", "ground_truth", "category",
-        "alt_token", "alt_rank", "correct_char", "entropy_ref"]]
+spiked = points.spike_keys(SPIKES, checkpoint, (group,))
+agreeing = pool[~pool.disagrees.to_numpy()
+                & pd.Series(list(zip(pool.rollout_id, pool.pos))).isin(spiked).to_numpy()]
+print(f"strata {C.point_strata}: {len(MAIN)} points in {MAIN.problem_id.nunique()} problems "
+      f"({MAIN.rule.value_counts().to_dict()}), {int(MAIN.spike.sum())} of them spikes; "
+      f"{len(spiked)} significant spikes of {checkpoint!r} in group {group!r}, "
+      f"{len(agreeing)} of them where its top-1 is the written token or the same text "
+      "(not points); "
+      f"positive control: {len(POSITIVE)} first wrong digits in {POSITIVE.problem_id.nunique()} "
+      "problems")
+POINTS[["rollout_id", "pos", "rule", "main", "positive", "spike", "token", "ground_truth",
+        "category", "alt_token", "alt_rank", "correct_char", "entropy_ref"]]
 
 # %% [markdown]
 # Each main point gets one control: a token of the same rollout and category (else of
 # any category: `match` says which) whose reference entropy is nearest the point's,
 # within `caliper` nats, on the point's side of the rollout's first wrong result (kept
 # text that already holds the error can only gain passes from a swap, text that does not
-# can only lose them), and that decides nothing by construction: no digit, number,
-# operand or operator (another number there changes the calculation), not a point, a
-# spike or within two tokens of one, not a format token, with a real alternative
-# (swapped in just as at the point). Its effect should be near zero.
+# can only lose them), where the checkpoint would also write another token (its top-1 is
+# a real alternative, swapped in just as at the point), and that decides nothing by
+# construction: no digit, number, operand or operator (another number there changes the
+# calculation), not a point, a spike or within two tokens of one, not a format token.
+# Its effect should be near zero. A point without such a token in its rollout has no
+# control; the count by label says where.
 
 # %%
 avoid = set(zip(SPIKES.rollout_id, SPIKES.pos)) | set(zip(POINTS.rollout_id, POINTS.pos))
 CONTROLS = branching.match_controls(MAIN, TOK, avoid, caliper=C.caliper, seed=C.seed,
-                                    include_format=C.include_format)
+                                    include_format=C.include_format, disagree_only=True)
 print(f"{len(CONTROLS)} controls for {len(MAIN)} points "
       f"({CONTROLS['match'].value_counts().to_dict()}); median entropy gap "
       f"{reporting.fmt(CONTROLS.entropy_gap.median())} nats")
+pd.DataFrame({"points": MAIN.rule.value_counts(), "with a control": CONTROLS.rule.value_counts()}
+             ).fillna(0).astype(int)
 
 # %% [markdown]
 # ## Which policies continue
@@ -206,12 +239,44 @@ else:
           + ("it continues those too" if ref_problems else "it is not used as a policy here"))
 
 # %% [markdown]
+# ## The placebo's own disagreement points
+#
+# The placebo is also asked the question on its own terms: at the contexts of the same
+# forced rollouts where *its* most probable token is a real alternative to the written
+# one, chosen by the same rule, strata, `max_points` and seed as the checkpoint's, its
+# choice swapped in and the placebo continuing, with controls matched the same way
+# (`placebo_points`). Where the placebo's changes decide the answer as often as the
+# checkpoint's, the effect says nothing about what the reward taught.
+
+# %%
+OWN, OWN_CONTROLS = pd.DataFrame(), pd.DataFrame()
+if PLACEBO and C.placebo_points:
+    placebo_rows = suite_tables.read_tokens(P, [(PLACEBO, P.reference)])
+    placebo_rows = placebo_rows[placebo_rows.group == group]
+    OWN_TOK = points.branch_tokens(placebo_rows.reset_index(drop=True), ROLLOUTS.iloc[:0], texts,
+                                   tokenizer, gold)
+    OWN = points.select_disagreements(OWN_TOK, SPIKES, checkpoint=PLACEBO, strata=C.point_strata,
+                                      rule=C.point_rule, max_points=C.max_points, seed=C.seed,
+                                      groups=(group,), include_format=C.include_format)
+    own_avoid = set(zip(SPIKES.rollout_id, SPIKES.pos)) | set(zip(OWN.rollout_id, OWN.pos))
+    OWN_CONTROLS = branching.match_controls(OWN, OWN_TOK, own_avoid, caliper=C.caliper,
+                                            seed=C.seed, include_format=C.include_format,
+                                            disagree_only=True)
+    shared = set(zip(OWN.rollout_id, OWN.pos)) & set(zip(MAIN.rollout_id, MAIN.pos))
+    print(f"{PLACEBO!r}: {len(OWN)} disagreement points in {OWN.problem_id.nunique()} problems "
+          f"({OWN.rule.value_counts().to_dict()}), {len(shared)} of them also points of "
+          f"{checkpoint!r}; {len(OWN_CONTROLS)} controls")
+else:
+    print("the placebo does not branch at its own points (no placebo, or placebo_points=False)")
+
+# %% [markdown]
 # ## The plan and its cost
 #
 # One row per (policy, context): keep and each substitute arm at every point and control,
 # and the takeover grid (`grid_points` prefix lengths) of the `n_case_studies` rollouts
 # with the most first wrong digits (the checkpoint's and the reference's; the placebo
-# continues the main points and their controls only). Each context
+# continues the main points and their controls, and its own points and controls:
+# kinds `own_point`, `own_control`). Each context
 # gets `n` continuations, seeded by (rollout, k, substituted token, sample), so every
 # policy draws with the same noise; a continuation writes at most `continuation_tokens`
 # new tokens and the response limit in all, and stops at the suite's stop tokens or
@@ -225,6 +290,8 @@ PLAN = plan.build(POINTS, CONTROLS, TOK, ROLLOUTS, policies, case_study_ids=case
                   grid_points=C.grid_points, special=special,
                   grid_models={checkpoint, P.reference},
                   positive_models=POSITIVE_MODELS)
+if len(OWN):
+    PLAN = pd.concat([PLAN, plan.own_points(OWN, OWN_CONTROLS, PLACEBO)], ignore_index=True)
 cost = plan.cost(PLAN, C.n, max_new_tokens, C.continuation_tokens)
 print(f"to sample: {cost.continuations.sum():,} continuations ({cost.contexts.sum()} distinct "
       f"contexts x n = {C.n}) at T = {C.temperature}, at most "
@@ -291,13 +358,14 @@ else:
     print("no first wrong digit was branched at: no chart")
 
 # %% [markdown]
-# ## 2 · The main result: the checkpoint's top-1 alternative at the points
+# ## 2 · The main result: the checkpoint's choice at its disagreement points
 #
-# Effect = pass rate with the checkpoint's most probable real alternative − with the
-# written token, at every point and control. By the rule that picked the points (a
-# control counts with its point) and over all: the mean at the points, at the controls
-# and the difference, each with a 95% interval that resamples problems. The positive
-# control's line comes first: it says whether this run could see a decisive token at all.
+# Effect = pass rate with the checkpoint's most probable token swapped in − with the
+# written token, at every point and control. By label (a control counts with its point)
+# and over all: the mean at the points, at the controls and the difference, each with a
+# 95% interval that resamples problems (none from fewer than five problems). The
+# positive control's line comes first: it says whether this run could see a decisive
+# token at all.
 
 # %%
 MAIN_EFFECTS = branching.effects(BRANCHES[BRANCHES.kind == "point"], arm="top1")
@@ -308,17 +376,18 @@ for model in policies:
         print(narrative.positive_line(POSITIVE_SUMMARY, model))
     else:
         print(f"positive control ({model}): not run for this policy (it continues the main "
-              f"points and their controls only); {checkpoint}'s is above")
+              f"points, their controls and its own points only); {checkpoint}'s is above")
     print("\n".join(narrative.main_lines(SUMMARY, model, alternative_of=checkpoint)
-                    + ["  by the rule that picked them:"] + narrative.group_lines(SUMMARY, model)))
+                    + ["  by label:"] + narrative.group_lines(SUMMARY, model)))
 SHOWN = reporting.with_interval_text(SUMMARY, "mean", "low", "high", "problems", signed=True)
 SHOWN
 
 # %% [markdown]
-# ### The checkpoint against its placebo
+# ### The checkpoint against its placebo at the same contexts
 #
-# Both continued the same contexts with the same draws, so their effects are compared
-# point by point: the mean difference, with an interval that resamples problems.
+# Both continued the same contexts with the same swap and the same draws, so their
+# effects are compared point by point: the mean difference, with an interval that
+# resamples problems.
 
 # %%
 if PLACEBO:
@@ -328,16 +397,50 @@ if PLACEBO:
 else:
     print("no placebo continued the contexts: no contrast")
 
+# %% [markdown]
+# ### The placebo at its own disagreement points
+
 # %%
-narrative.point_table(pd.concat([MAIN_EFFECTS, CONTROL_EFFECTS], ignore_index=True))
+OWN_EFFECTS = branching.effects(BRANCHES[BRANCHES.kind == plan.OWN_KINDS["point"]], arm="top1")
+OWN_CONTROL_EFFECTS = branching.effects(BRANCHES[BRANCHES.kind == plan.OWN_KINDS["control"]],
+                                        arm="top1")
+if len(OWN_EFFECTS):
+    OWN_SUMMARY = branching.summary(OWN_EFFECTS, OWN_CONTROL_EFFECTS, by="rule", n_boot=n_boot,
+                                    seed=C.seed)
+    print("\n".join(narrative.main_lines(OWN_SUMMARY, PLACEBO, alternative_of=PLACEBO)
+                    + ["  by label:"] + narrative.group_lines(OWN_SUMMARY, PLACEBO)))
+else:
+    print("the placebo branched at no point of its own")
+
+# %%
+narrative.point_table(pd.concat([MAIN_EFFECTS, CONTROL_EFFECTS, OWN_EFFECTS, OWN_CONTROL_EFFECTS],
+                                ignore_index=True))
 
 # %%
 if SHOWN[["low", "high"]].notna().all(axis=1).any():
     display(views.show(charts.forest_chart(SHOWN, title="effect of the checkpoint's top-1 "
-                                           "alternative, by rule, vs matched controls"),
+                                           "at its disagreement points, by label, vs matched "
+                                           "controls"),
                        save_as=figures / "08_forest"))
 else:
     print(f"no estimate comes from at least {reporting.MIN_CLUSTERS} problems: no forest plot")
+
+# %% [markdown]
+# ## The answer, label by label
+#
+# The three experiments side by side: the checkpoint at its own disagreement points, the
+# placebo continuing the same contexts with the same swap, and the placebo at its own
+# disagreement points. A label *decides the answer* where the interval of its mean
+# effect excludes 0. Chapter 05 asks another question of the first wrong digits: how
+# much the checkpoint's probability of the written digit moved (most are spikes that
+# lower it). Here the question is whether the digit the checkpoint would write instead
+# changes the outcome; a lowered wrong digit need not be replaced by a right one, so the
+# two results can differ without contradicting each other.
+
+# %%
+EXPERIMENTS = by_label.experiments(BRANCHES, checkpoint, PLACEBO, n_boot=n_boot, seed=C.seed)
+display(by_label.table(EXPERIMENTS))
+print("\n".join(by_label.conclusion(EXPERIMENTS)))
 
 # %% [markdown]
 # ## Takeover curves

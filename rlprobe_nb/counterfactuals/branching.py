@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from rlprobe_nb.counterfactuals.intervals import cluster_bootstrap_difference, newcombe_ci
-from rlprobe_nb.counterfactuals.points import CONTENT_LABELS, FIRST_WRONG, eligible
+from rlprobe_nb.counterfactuals.points import CONTENT_LABELS, FIRST_WRONG, disagrees, eligible
 from rlprobe_nb.statistics import cluster_bootstrap_ci, seed_from
 
 ARMS = ("keep", "top1", "correct")
@@ -57,14 +57,18 @@ def _near(keys: set, gap: int) -> set:
 
 
 def control_pool(tokens: pd.DataFrame, avoid: set, gap: int = 2,
-                 include_format: bool = False) -> pd.DataFrame:
+                 include_format: bool = False, disagree_only: bool = False) -> pd.DataFrame:
     """Tokens that may serve as controls: branchable (``points.eligible``), carrying no
     arithmetic (no ground-truth label of ``points.CONTENT_LABELS`` and no number or
     operator category: another number or operation there changes the problem or the
     calculation, so it decides the answer by construction), not within ``gap`` tokens
-    of any (rollout_id, pos) in ``avoid``."""
+    of any (rollout_id, pos) in ``avoid``; with ``disagree_only``, only where the
+    checkpoint's top-1 is another token than the written one (``points.disagrees``: a
+    swap the checkpoint itself would make, as at disagreement points)."""
     near = _near(avoid, gap)
     ok = eligible(tokens, include_format) & ~tokens["ground_truth"].isin(CONTENT_LABELS)
+    if disagree_only:
+        ok &= disagrees(tokens)
     ok &= ~tokens["category"].astype(str).isin(ARITHMETIC_CATEGORIES)
     ok &= np.array([(r, int(p)) not in near for r, p in zip(tokens["rollout_id"], tokens["pos"])],
                    dtype=bool)
@@ -91,16 +95,17 @@ def _at_or_after(rows: pd.DataFrame, first_wrong: dict) -> pd.Series:
 
 def match_controls(points: pd.DataFrame, tokens: pd.DataFrame, avoid: set,
                    caliper: float = 0.25, gap: int = 2, seed: int = 0,
-                   include_format: bool = False) -> pd.DataFrame:
+                   include_format: bool = False, disagree_only: bool = False) -> pd.DataFrame:
     """One control per point, from the point's own rollout and on the same side of its
     first wrong result (``wrong_so_far``): the token of the same category whose
     reference entropy is nearest the point's (within ``caliper`` nats), else of any
     category (``match``: "category" or "entropy"); ties broken by a seeded draw; each
     control serves one point. ``avoid``: (rollout_id, pos) of every point and spike.
     Returns the controls' token rows with ``matched_pos`` (the point), ``match``,
-    ``entropy_gap`` and the point's ``rule``; points without a match are left out."""
+    ``entropy_gap`` and the point's ``rule``; points without a match are left out.
+    ``disagree_only``: see ``control_pool``."""
     pool = control_pool(tokens, avoid | set(zip(points["rollout_id"], points["pos"])), gap,
-                        include_format)
+                        include_format, disagree_only)
     first_wrong = _first_wrong_pos(tokens)
     pool = pool.assign(tie=np.random.default_rng(seed_from("controls", seed)).random(len(pool)),
                        wrong=_at_or_after(pool, first_wrong))

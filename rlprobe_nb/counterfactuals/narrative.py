@@ -99,6 +99,11 @@ def main_lines(summary: pd.DataFrame, model: str, min_clusters: int = MIN_CLUSTE
     lines.append(f"  at their {int(control['branches'])} matched controls (same rollout, "
                  f"matched on entropy and, where one was near, category): "
                  f"{_interval(control, min_clusters)}")
+    if int(control["problems"]) < min_clusters:
+        return lines + [f"  point - control: not compared: too few problems for an interval "
+                        f"(the controls come from "
+                        f"{_many(control['problems'], 'problem')}; an interval needs "
+                        f"{min_clusters})"]
     sign = _shown_excludes_zero(diff, min_clusters)
     verdict = {1: "larger at the points than at their controls",
                -1: "smaller at the points than at their controls",

@@ -105,6 +105,22 @@ def build(points: pd.DataFrame, controls: pd.DataFrame, tokens: pd.DataFrame,
     return plan.drop_duplicates(["model", "rollout_id", "kind", "pos", "arm"]).reset_index(drop=True)
 
 
+OWN_KINDS = {"point": "own_point", "control": "own_control"}
+
+
+def own_points(points: pd.DataFrame, controls: pd.DataFrame, model: str) -> pd.DataFrame:
+    """The plan rows of a second policy's *own* points (its disagreement points, annotated
+    with its own top-k: ``alt_id`` is its choice) and their controls: keep and top1 each,
+    continued by ``model`` alone, under kinds "own_point" and "own_control" (apart from the
+    rows where it continues the first policy's points)."""
+    parts = [arm_rows(points, OWN_KINDS["point"], lambda r: ["top1"]),
+             arm_rows(controls, OWN_KINDS["control"], lambda r: ["top1"])]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.concat(parts, ignore_index=True).assign(model=model)[COLUMNS]
+
+
 def budgets(plan: pd.DataFrame, max_new_tokens: int,
             continuation_tokens: int | None = None) -> pd.Series:
     """The most new tokens one continuation of each row may write: the response limit

@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from rlprobe_nb.divergence import ground_truth, token_categories
+from rlprobe_nb.divergence.disagreement import STRATA, is_real_alternative  # noqa: F401 (the rule)
 from rlprobe_nb.forcing.spans import token_spans
 from rlprobe_nb.statistics import seed_from
 
@@ -60,16 +61,6 @@ DIGITS = "0123456789"
 
 
 # --- real alternatives ----------------------------------------------------------------
-
-def _plain(text: str) -> str:
-    return text.strip().casefold()
-
-
-def is_real_alternative(written: str, alternative: str) -> bool:
-    """Whether ``alternative`` says something else than ``written``: its text, whitespace
-    stripped and case ignored, is neither empty nor the written token's."""
-    return bool(_plain(alternative)) and _plain(alternative) != _plain(written)
-
 
 def real_alternative(topk_ids: Iterable[int], written: str, text_of: Callable[[int], str],
                      exclude: set[int] = frozenset()) -> tuple[int, int] | None:
@@ -136,7 +127,8 @@ def branch_tokens(forced: pd.DataFrame, others: pd.DataFrame, texts: dict[str, s
     rows and the tokens of the ``others`` rollouts, with chapter 04's category and
     ``result_is_answer`` (is the wrong statement's true value the problem's answer)."""
     special = {int(i) for i in tokenizer.all_special_ids}
-    rows = pd.concat([forced, rollout_tokens(others, tokenizer)], ignore_index=True)
+    rows = pd.concat([forced, rollout_tokens(others, tokenizer)], ignore_index=True) \
+        if len(others) else forced.reset_index(drop=True)
     rows["category"] = token_categories.classify(rows, texts).astype(str)
     out = annotate(rows, texts, text_of=lambda i: tokenizer.decode([i]),
                    encode=lambda s: tokenizer.encode(s, add_special_tokens=False),
@@ -299,6 +291,73 @@ def select_points(tokens: pd.DataFrame, spikes: pd.DataFrame, *, checkpoint: str
     order = spread_order(claimed, seed, checkpoint, "points", rank="source_rank")
     out = order.head(int(max_points))
     out = out.assign(rule=[rule[r] for r in out["source_rank"]]).drop(columns="source_rank")
+    return out.sort_values(["rollout_id", "pos"]).reset_index(drop=True)
+
+
+# --- disagreements: where the checkpoint would write another token ----------------------
+
+DEFAULT_STRATA = ("result_first_wrong", "operand", "result_first_wrong", "operator", "other")
+
+
+def disagrees(tokens: pd.DataFrame) -> pd.Series:
+    """Whether the checkpoint's most probable token (``topk_ids_ckpt[0]``) is a real
+    alternative to the written one: the written token is not its top-1, nor the same
+    text up to whitespace and case (``annotate``'s real alternative has rank 0)."""
+    return pd.Series(tokens["alt_rank"].astype("Int64").fillna(-1).to_numpy(int) == 0,
+                     index=tokens.index)
+
+
+def stratum(tokens: pd.DataFrame) -> pd.Series:
+    """The label stratum of each token: its ground-truth label where that is one of
+    ``STRATA``, else "other" (words, correct results, final answers)."""
+    gt = tokens["ground_truth"].astype(str)
+    return gt.where(gt.isin(STRATA[:-1]), "other")
+
+
+def _check_strata(strata: Sequence[str]) -> None:
+    unknown = [s for s in strata if s not in STRATA]
+    if not strata or unknown:
+        raise ValueError(f"point strata {list(strata)}: give one or more of {list(STRATA)} "
+                         "(a label listed twice gets two points per turn)")
+
+
+def select_disagreements(tokens: pd.DataFrame, spikes: pd.DataFrame, *, checkpoint: str,
+                         strata: Sequence[str] = DEFAULT_STRATA,
+                         rule: Sequence[str] = DEFAULT_RULE, max_points: int = 40,
+                         seed: int = 0, groups: Sequence[str] | None = ("target",),
+                         include_format: bool = False) -> pd.DataFrame:
+    """The main branch points: contexts where ``checkpoint`` would write another token
+    (``disagrees``), eligible as any point (``eligible``), at most ``max_points``.
+    Labels are drawn in turn: each turn takes the next point of every entry of
+    ``strata`` in order (a label listed twice gives two per turn; an exhausted one is
+    skipped). Within a stratum, tokens rank by ``rule`` (its spikes first, then its
+    labels in order, then the rest) and are drawn in rounds over problems
+    (``spread_order``, seeded by ``seed`` and the stratum alone: another checkpoint, e.g.
+    the placebo, with the same disagreements gets the same points). Each point's
+    ``rule`` is its stratum and ``spike`` says whether it is one of the checkpoint's
+    significant spikes. Sorted by rollout and position."""
+    _check_strata(strata)
+    unknown = [s for s in rule if s not in SOURCES]
+    if unknown:
+        raise ValueError(f"unknown point sources {unknown}; choose from {list(SOURCES)}")
+    pool = tokens[eligible(tokens, include_format) & disagrees(tokens)]
+    keys = pd.Series(list(zip(pool["rollout_id"], pool["pos"].astype(int))), index=pool.index)
+    spiked = keys.isin(spike_keys(spikes, checkpoint, groups)).to_numpy()
+    rank = pd.Series(len(rule), index=pool.index)
+    for r, source in reversed(list(enumerate(rule))):  # the earliest source claims a token
+        claims = spiked if source == "spikes" else (pool["ground_truth"] == source).to_numpy()
+        rank[claims] = r
+    pool = pool.assign(source_rank=rank, spike=spiked, rule=stratum(pool))
+    queues = {s: spread_order(pool[pool["rule"] == s], seed, "disagreements", s,
+                              rank="source_rank") for s in dict.fromkeys(strata)}
+    taken = {s: 0 for s in queues}
+    chosen = []
+    while len(chosen) < int(max_points) and any(taken[s] < len(queues[s]) for s in queues):
+        for s in strata:
+            if len(chosen) < int(max_points) and taken[s] < len(queues[s]):
+                chosen.append(queues[s].index[taken[s]])
+                taken[s] += 1
+    out = pool.loc[chosen].drop(columns="source_rank")
     return out.sort_values(["rollout_id", "pos"]).reset_index(drop=True)
 
 

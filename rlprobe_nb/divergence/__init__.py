@@ -12,6 +12,9 @@
   entropy_concentration  does the divergence sit where the reference was unsure?
   estimator_lab          the sampled-token estimators k1, k2, k3: what they target under
                          tempered sampling, reweighting, the T = 1 check on unselected draws
+  disagreement           the disagreement map: where each checkpoint's top-1 is another token
+                         than the written one, by label and step, RLVR beside placebo
+  disagreement_charts    its charts
   charts                 the chapter's charts, from aggregated tables
   narrative              the chapter's sentences, from aggregated tables (via reporting)
 """

@@ -117,16 +117,48 @@ def _viewer(t: Tables, checkpoints: list[str], reference: str) -> list[str]:
             f"({tagged(len(rows), name, 'count')} tokens) at each of the suite's {len(checkpoints)} checkpoints."]
 
 
-def _branches(t: Tables) -> list[str]:
-    b = t("branches", ["kind", "arm", "pass_rate"])
-    out = []
-    for kind in [k for k in ("spike", "departure", "control") if (b.kind == k).any()]:
-        arms = []
-        for arm in ("keep", "substitute"):
-            rows = b[(b.kind == kind) & (b.arm == arm)]
-            if len(rows):
-                arms.append(f"{arm} {tagged(rows.pass_rate.astype(float).mean(), 'branches', 'mean', 'pass_rate', {'kind': kind, 'arm': arm})}")
-        out.append(f"{html.escape(kind)}s: mean pass rate " + " vs ".join(arms) + ".")
+def _branches(t: Tables, P) -> list[str]:
+    """08: by label, the pass rate kept and with the checkpoint's choice swapped in at its
+    disagreement points (tagged means of ``pass_rate``) and the mean effect's interval
+    over problems (``counterfactuals.by_label``); the placebo at the same contexts and at
+    its own points, over all."""
+    from rlprobe_nb.counterfactuals import by_label
+    from rlprobe_nb.reporting import interval_text
+
+    b = t("branches")
+    ckpt = str(b.checkpoint.iloc[0])
+    placebo = P.placebo_for(ckpt) if ckpt in P.steps and P.run_of(ckpt) == "rlvr" else None
+    found = by_label.experiments(b, ckpt, placebo, seed=int(b.seed.iloc[0]))
+
+    def rates(model, kind, rule):
+        where = {"model": model, "kind": kind, "rule": rule} if rule != "all" else \
+            {"model": model, "kind": kind}
+        return [tagged(_where(b, {**where, "arm": arm}).pass_rate.astype(float).mean(),
+                       "branches", "mean", "pass_rate", {**where, "arm": arm})
+                for arm in ("keep", "top1")]
+
+    def part(summary, model, kind, group):
+        row = summary[(summary.group == group) & (summary.estimate == "point")]
+        if not len(row) or not row.iloc[0].branches:
+            return None
+        r = row.iloc[0]
+        keep, top1 = rates(model, kind, group)
+        effect = html.escape(interval_text(r["mean"], r["low"], r["high"], int(r["problems"]),
+                                           signed=True))
+        return (f"{html.escape(by_label.NAMES[group])} ({int(r.branches)} points, "
+                f"{int(r.problems)} problems) {keep} → {top1}, effect {effect}")
+
+    names = list(found)
+    mine = [p for g in by_label.STRATA if (p := part(found[names[0]], ckpt, "point", g))]
+    if not mine:
+        return [f"{html.escape(ckpt)}: no disagreement point was branched at (its branches "
+                "table holds none)."]
+    out = [f"{html.escape(ckpt)}'s choice swapped in where it would write another token "
+           "(pass rate kept → swapped): " + "; ".join(mine) + "."]
+    for name, kind in zip(names[1:], ("point", "own_point")):
+        line = part(found[name], placebo, kind, "all")
+        if line:
+            out.append(f"{html.escape(name)}: {line}.")
     return out
 
 
@@ -138,7 +170,7 @@ def headlines(P, pages, data_dir) -> dict[str, list[str]]:
         chapter = page.chapter
         jobs = {"01": lambda: _selection(t), "02": lambda: _rollouts(t), "04": lambda: _divergence(t),
                 "05": lambda: _spikes(t), "07": lambda: _viewer(t, P.checkpoints, P.reference),
-                "08": lambda: _branches(t)}
+                "08": lambda: _branches(t, P)}
         if chapter == "03" and page.detail:
             jobs["03"] = lambda: _forcing(t, page.detail.split()[-1], P.reference)
         if chapter not in jobs:

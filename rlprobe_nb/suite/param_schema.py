@@ -98,6 +98,11 @@ class CounterfactualsParams:
     point_rule: list[str] = field(default_factory=lambda: [
         "spikes", "result_first_wrong", "result_after_wrong", "final_answer", "result_correct",
         "operand", "operator"])
+    # the points are disagreements (the checkpoint's top-1 is a real alternative to the
+    # written token), their labels drawn in turn: each turn takes one point of every entry
+    # (a label listed twice gets two per turn); "other": every label not listed here
+    point_strata: list[str] = field(default_factory=lambda: [
+        "result_first_wrong", "operand", "result_first_wrong", "operator", "other"])
     include_format: bool = False  # allow format tokens (\boxed{, $, whitespace) as points
     positive_points: int = 16  # first wrong digits for the positive control (keep vs correct)
     # where they come from: "forced" (the group's forced rollouts) or "problems" (also the
@@ -114,6 +119,10 @@ class CounterfactualsParams:
     # the placebo checkpoint at the checkpoint's step (where the suite has one) continues
     # the same contexts with the same draws: does the swap matter less without the reward?
     placebo: bool = True
+    # the placebo also branches at its own disagreement points (its top-1 swapped in, the
+    # placebo continuing; same rule, strata, max_points and seeds): the null for "does a
+    # change made without the reward's information decide the answer?"
+    placebo_points: bool = True
     caliper: float = 0.25  # controls: largest gap in the reference's entropy (nats)
     batch_rows: int = 32  # rows per generate call (not in any key: rows do not depend on it)
     seed: int = 0
@@ -143,6 +152,7 @@ CHOICES = {
     "model.kind": ("hub", "local", "gguf", "peft"),
     # "spikes" and divergence.ground_truth.LABELS (suite/ imports no chapter package)
     "counterfactuals.positive_pool": ("forced", "problems"),
+    "counterfactuals.point_strata": ("result_first_wrong", "operand", "operator", "other"),
     "counterfactuals.point_rule": ("spikes", "other", "format", "operator", "operand",
                                    "final_answer", "result_correct", "result_after_wrong",
                                    "result_first_wrong"),
