@@ -237,7 +237,7 @@ def write_index(P: params.Params, pages: list[navigation.Page]) -> Path:
 
     figures = paths.figures_dir(P.suite)
     numbers = headlines.headlines(P, pages, paths.data_dir(P.suite))
-    answer = findings.findings_html(headlines.Tables(paths.data_dir(P.suite)))
+    answer = findings.findings_html(headlines.Tables(paths.data_dir(P.suite)), P)
     return atomic_write_text(figures / f"{navigation.INDEX}.html",
                              navigation.index_html(P.suite, pages, figures, numbers, answer))
 

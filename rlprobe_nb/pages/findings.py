@@ -93,20 +93,21 @@ def placebo_sentence(t: headlines.Tables) -> str:
             "reward's.")
 
 
-def counterfactual_finding(t: headlines.Tables) -> list[str]:
-    """Chapter 08's result, as the index states it: what chapter 08's headline provider
-    returns (today its index line, ``headlines._branches``). Swap in a finding of 08's own
-    here."""
-    return headlines._branches(t)
+def counterfactual_finding(t: headlines.Tables, P) -> list[str]:
+    """Chapter 08's result, as the index states it: 08's index line (by label, the pass
+    rate kept and with the checkpoint's choice swapped in, and the effect's interval; the
+    placebo at the same contexts and at its own points)."""
+    return headlines._branches(t, P)
 
 
 RECONCILED = ("Chapters 05 and 08 answer different questions: 05 whether RLVR moves probability "
-              "away from a token the reference wrote, 08 whether writing another token there "
-              "changes whether the answer comes out right; a token can be rejected without its "
-              "replacement deciding the answer.")
+              "away from a token the reference wrote, 08 whether the token the checkpoint would "
+              "write there instead changes whether the answer comes out right. 08 branches only "
+              "where the checkpoint's first choice is another token, so a rejected token whose "
+              "runner-up the checkpoint does not prefer is not tested there.")
 
 
-def findings_html(t: headlines.Tables) -> str:
+def findings_html(t: headlines.Tables, P) -> str:
     """The index's opening paragraph (HTML), or a line naming what to run first."""
     parts, missing = [], []
     for chapter, make in (("05", tokens_sentence), ("05", placebo_sentence)):
@@ -115,7 +116,7 @@ def findings_html(t: headlines.Tables) -> str:
         except Exception:  # its tables are not written (or not readable) yet: never guess
             missing.append(chapter)
     try:
-        eight = " ".join(counterfactual_finding(t))
+        eight = " ".join(counterfactual_finding(t, P))
         parts.append(f"Do these tokens decide the answer? {_a(BRANCHES_PAGE, 'Chapter 08')}: {eight}")
         parts.append(RECONCILED)
     except Exception:
