@@ -51,6 +51,7 @@ from rlprobe_nb import reporting, views
 from rlprobe_nb.counterfactuals import (branching, by_label, charts, narrative, plan, points, table,
                                         takeover)
 from rlprobe_nb.problems import grading
+from rlprobe_nb.readable import counted
 from rlprobe_nb.render import case_studies
 from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import lineage, provenance, suite_tables
@@ -72,7 +73,7 @@ temperature: Optional[float] = None  # sampling temperature of the continuations
 continuation_tokens: Optional[int] = None  # most new tokens of one continuation (default: counterfactuals.continuation_tokens)
 ref_min_pass: Optional[float] = None  # the reference continues only problems it solves at least this often
 placebo: Optional[bool] = None  # the placebo at the checkpoint's step continues the same contexts too (default: counterfactuals.placebo)
-placebo_points: Optional[bool] = None  # the placebo also branches at its own disagreement points (default: counterfactuals.placebo_points)
+placebo_points: Optional[int] = None  # the placebo also branches at up to this many disagreement points of its own, 0 for none (default: counterfactuals.placebo_points, else max_points)
 caliper: Optional[float] = None  # controls: largest gap to the point in the reference entropy, nats
 seed: Optional[int] = None  # seed of the continuations (default: counterfactuals.seed)
 n_boot: int = 2000  # bootstrap resamples of the effect intervals
@@ -80,7 +81,7 @@ overwrite: bool = False  # recompute tables computed from other inputs (without 
 
 # %% [markdown]
 # `checkpoint` is the policy that continues, and whose spikes and preferences choose the
-# points (None: the final one). The rest default to the suite's `counterfactuals` section
+# points (left empty, the suite's last checkpoint). The rest default to the suite's `counterfactuals` section
 # (`params/<suite>/suite.yaml`); a value given here overrides it and is checked against
 # the same ranges.
 
@@ -135,10 +136,12 @@ first_wrong = TOK[TOK.ground_truth == points.FIRST_WRONG]
 for label, part in (("forced", first_wrong[first_wrong.rollout_id.isin(forced)]),
                     ("all", first_wrong)):
     fixable = part[part.correct_id.notna()]
-    print(f"{label} rollouts: {len(part)} first wrong digit(s) in {part.rollout_id.nunique()} "
-          f"rollout(s) of {part.problem_id.nunique()} problem(s); a correct digit for "
-          f"{len(fixable)} of them, in {fixable.problem_id.nunique()} problem(s)")
-first_wrong.correct_how.value_counts().rename("first wrong digits: how corrected, or why not")
+    print(f"{label} rollouts: {counted(len(part), 'first wrong digit')} in "
+          f"{counted(part.rollout_id.nunique(), 'rollout')} of "
+          f"{counted(part.problem_id.nunique(), 'problem')}; a correct digit for {len(fixable)} "
+          f"of them, in {counted(fixable.problem_id.nunique(), 'problem')}")
+first_wrong.correct_how.value_counts().rename_axis("how corrected, or why not").to_frame(
+    "first wrong digits")
 
 # %% [markdown]
 # ## Where to branch: the checkpoint's disagreements
@@ -219,8 +222,7 @@ pd.DataFrame({"points": MAIN.rule.value_counts(), "with a control": CONTROLS.rul
 # what RLVR learned or to any model that continues it. The reference continues only the
 # problems it solves at least `ref_min_pass` of the time on its own (chapter 01's
 # samples): where it never does, its pass rate is about 0 on every arm and the
-# difference says nothing. With `ref_min_pass` null it continues nothing (the demo book
-# leaves it out to stay within its time).
+# difference says nothing. With `ref_min_pass` null it continues nothing.
 
 # %%
 ref_rate = ANSWERS[ANSWERS.model == P.reference].groupby("problem_id").correct.mean()
@@ -243,20 +245,21 @@ else:
 #
 # The placebo is also asked the question on its own terms: at the contexts of the same
 # forced rollouts where *its* most probable token is a real alternative to the written
-# one, chosen by the same rule, strata, `max_points` and seed as the checkpoint's, its
-# choice swapped in and the placebo continuing, with controls matched the same way
-# (`placebo_points`). Where the placebo's changes decide the answer as often as the
+# one, chosen by the same rule, strata and seed as the checkpoint's (at most
+# `placebo_points` of them, else `max_points`), its choice swapped in and the placebo
+# continuing, with controls matched the same way. Where the placebo's changes decide the answer as often as the
 # checkpoint's, the effect says nothing about what the reward taught.
 
 # %%
 OWN, OWN_CONTROLS = pd.DataFrame(), pd.DataFrame()
-if PLACEBO and C.placebo_points:
+own_max = C.max_points if C.placebo_points is None else C.placebo_points
+if PLACEBO and own_max:
     placebo_rows = suite_tables.read_tokens(P, [(PLACEBO, P.reference)])
     placebo_rows = placebo_rows[placebo_rows.group == group]
     OWN_TOK = points.branch_tokens(placebo_rows.reset_index(drop=True), ROLLOUTS.iloc[:0], texts,
                                    tokenizer, gold)
     OWN = points.select_disagreements(OWN_TOK, SPIKES, checkpoint=PLACEBO, strata=C.point_strata,
-                                      rule=C.point_rule, max_points=C.max_points, seed=C.seed,
+                                      rule=C.point_rule, max_points=own_max, seed=C.seed,
                                       groups=(group,), include_format=C.include_format)
     own_avoid = set(zip(SPIKES.rollout_id, SPIKES.pos)) | set(zip(OWN.rollout_id, OWN.pos))
     OWN_CONTROLS = branching.match_controls(OWN, OWN_TOK, own_avoid, caliper=C.caliper,
@@ -267,7 +270,7 @@ if PLACEBO and C.placebo_points:
           f"({OWN.rule.value_counts().to_dict()}), {len(shared)} of them also points of "
           f"{checkpoint!r}; {len(OWN_CONTROLS)} controls")
 else:
-    print("the placebo does not branch at its own points (no placebo, or placebo_points=False)")
+    print("the placebo does not branch at its own points (no placebo, or placebo_points 0)")
 
 # %% [markdown]
 # ## The plan and its cost

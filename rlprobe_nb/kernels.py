@@ -60,6 +60,17 @@ class LocalKernelManager(AsyncKernelManager):
     def _default_transport(self) -> str:
         return "tcp" if os.name == "nt" else "ipc"
 
+    async def _async_interrupt_kernel(self) -> None:
+        """No interrupt on the way to a shutdown. jupyter_client interrupts a kernel before
+        asking it to shut down, to stop a running cell; the book shuts a kernel down once
+        its notebook is done, and an interrupt that lands while the kernel still handles a
+        message printed "ERROR | KeyboardInterrupt caught in kernel." on the book's
+        terminal (two in one ``make demo``). A kernel still busy then is killed after the
+        shutdown wait; an interrupt asked for (``interrupt_kernel``) is sent as always."""
+        if self.shutting_down:
+            return
+        await super()._async_interrupt_kernel()
+
     @default("ip")
     def _default_ip(self) -> str:
         if self.transport != "ipc":

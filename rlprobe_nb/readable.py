@@ -79,6 +79,12 @@ def number(x, digits: int = 4) -> str:
     return _trim(f"{x:.{decimals}f}")
 
 
+def counted(count, noun: str) -> str:
+    """``count`` and its noun, plural unless the count is one ("1 problem", "3 problems")."""
+    count = int(count)
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
 def _trim(text: str) -> str:
     """Trailing zeros of a decimal fraction dropped (``0.5000`` -> ``0.5``, ``3.0`` -> ``3``)."""
     return text.rstrip("0").rstrip(".") if "." in text else text

@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,33 @@ def test_two_kernels_started_at_once_each_answer_their_own_client(tmp_path, monk
     pids = asyncio.run(start_and_ask())
     assert len(set(pids)) == 2, pids
     assert not list(tmp_path.glob("kernel-ipc*")), "socket files left in the working folder"
+
+
+def test_a_shutdown_sends_no_interrupt_but_an_asked_interrupt_is_sent(tmp_path, monkeypatch):
+    """jupyter_client interrupts before a shutdown; the book's kernels are shut down idle, and
+    the interrupt printed "KeyboardInterrupt caught in kernel." on the book's terminal."""
+    monkeypatch.chdir(tmp_path)
+    sent = []
+
+    async def run():
+        manager = LocalKernelManager(kernel_name="python3")
+        original = manager._async_signal_kernel
+
+        async def record(sig):
+            sent.append(sig)
+            await original(sig)
+
+        manager._async_signal_kernel = record
+        await manager.start_kernel()
+        client = manager.client()
+        client.start_channels()
+        await client.wait_for_ready(timeout=60)
+        await manager.interrupt_kernel()
+        asked = list(sent)
+        client.stop_channels()
+        await manager.shutdown_kernel()
+        return asked
+
+    asked = asyncio.run(run())
+    assert asked == [signal.SIGINT], "an interrupt asked for is sent"
+    assert sent == [signal.SIGINT], f"the shutdown sent {sent[1:]} too"

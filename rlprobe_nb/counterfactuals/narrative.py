@@ -19,12 +19,8 @@ from __future__ import annotations
 import pandas as pd
 
 from rlprobe_nb.counterfactuals.branching import COUNTED_ONCE
+from rlprobe_nb.readable import counted
 from rlprobe_nb.reporting import MIN_CLUSTERS, excludes_zero, fmt, interval_text
-
-
-def _many(count, noun: str) -> str:
-    count = int(count)
-    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _row(summary: pd.DataFrame, model: str, estimate: str, group: str = "all"):
@@ -59,7 +55,7 @@ def positive_line(summary: pd.DataFrame, model: str,
                 "write was branched at, so this run cannot show that the method sees a "
                 "decisive token; read the main result below with that in mind")
     head = (f"positive control ({model}): writing the correct digit at "
-            f"{_many(row['branches'], 'first wrong digit')} in {_many(row['problems'], 'problem')} "
+            f"{counted(row['branches'], 'first wrong digit')} in {counted(row['problems'], 'problem')} "
             "moves the pass rate from "
             f"{fmt(row['rate_keep'])} (the written digit kept) to {fmt(row['rate_arm'])}; "
             f"mean lift {_interval(row, min_clusters)}")
@@ -76,8 +72,8 @@ def group_lines(summary: pd.DataFrame, model: str, what: str = "points",
     how many ``what`` in how many problems, the pass rates and the mean effect."""
     rows = summary[(summary["model"] == model) & (summary["estimate"] == "point")
                    & (summary["group"] != "all")]
-    return [f"  {row['group']}: {_many(row['branches'], what[:-1])} in "
-            f"{_many(row['problems'], 'problem')}, pass rate {fmt(row['rate_keep'])} -> "
+    return [f"  {row['group']}: {counted(row['branches'], what[:-1])} in "
+            f"{counted(row['problems'], 'problem')}, pass rate {fmt(row['rate_keep'])} -> "
             f"{fmt(row['rate_arm'])}, mean effect {_interval(row, min_clusters)}"
             for _, row in rows.iterrows() if row["branches"]]
 
@@ -91,7 +87,7 @@ def main_lines(summary: pd.DataFrame, model: str, min_clusters: int = MIN_CLUSTE
     if point is None or not point["branches"]:
         return [f"main result ({model}): no branch point had a real alternative to swap in"]
     lines = [f"main result ({model}): swapping in {alternative_of}'s top-1 alternative at "
-             f"{_many(point['branches'], 'point')} in {_many(point['problems'], 'problem')} moves "
+             f"{counted(point['branches'], 'point')} in {counted(point['problems'], 'problem')} moves "
              f"the pass rate from {fmt(point['rate_keep'])} to {fmt(point['rate_arm'])}: mean "
              f"effect {_interval(point, min_clusters)}"]
     if control is None or not control["branches"]:
@@ -102,7 +98,7 @@ def main_lines(summary: pd.DataFrame, model: str, min_clusters: int = MIN_CLUSTE
     if int(control["problems"]) < min_clusters:
         return lines + [f"  point - control: not compared: too few problems for an interval "
                         f"(the controls come from "
-                        f"{_many(control['problems'], 'problem')}; an interval needs "
+                        f"{counted(control['problems'], 'problem')}; an interval needs "
                         f"{min_clusters})"]
     sign = _shown_excludes_zero(diff, min_clusters)
     verdict = {1: "larger at the points than at their controls",
@@ -148,8 +144,8 @@ def contrast_line(contrast: pd.DataFrame, min_clusters: int = MIN_CLUSTERS) -> s
     model, other = row["model"], row["other"]
     if not row["points"]:
         return f"{model} against {other}: no point was continued by both"
-    head = (f"{model} against {other} at the same {_many(row['points'], 'point')} in "
-            f"{_many(row['problems'], 'problem')} (same contexts, same draws): mean effect "
+    head = (f"{model} against {other} at the same {counted(row['points'], 'point')} in "
+            f"{counted(row['problems'], 'problem')} (same contexts, same draws): mean effect "
             f"{fmt(row['effect_model'], signed=True)} against {fmt(row['effect_other'], signed=True)}, "
             f"difference {_interval(row, min_clusters)}")
     if int(row["problems"]) < min_clusters:

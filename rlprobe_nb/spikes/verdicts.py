@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from rlprobe_nb import reporting
+from rlprobe_nb.readable import counted
 
 FIRST_WRONG = "result_first_wrong"
 
@@ -39,13 +40,9 @@ def say_first_wrong(counts: dict) -> str:
         return f"*No first wrong digit in the `{counts['group']}` rollouts at step {counts['step']}.*"
     share = reporting.fmt(100 * counts["spikes"] / counts["digits"])
     return (f"At step {counts['step']}, {counts['spikes']} of the {counts['digits']} first wrong "
-            f"digits of the `{counts['group']}` rollouts ({_n(counts['problems'], 'problem')}) are "
+            f"digits of the `{counts['group']}` rollouts ({counted(counts['problems'], 'problem')}) are "
             f"spikes ({share}%), {counts['lowering']} of them lowering the written digit's "
             "probability.")
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _onset_of(onsets: pd.DataFrame, label: str):

@@ -120,9 +120,10 @@ class CounterfactualsParams:
     # the same contexts with the same draws: does the swap matter less without the reward?
     placebo: bool = True
     # the placebo also branches at its own disagreement points (its top-1 swapped in, the
-    # placebo continuing; same rule, strata, max_points and seeds): the null for "does a
-    # change made without the reward's information decide the answer?"
-    placebo_points: bool = True
+    # placebo continuing; same rule, strata and seeds), at most this many (null: as many as
+    # max_points; 0: none): the null for "does a change made without the reward's
+    # information decide the answer?"
+    placebo_points: Optional[int] = None
     caliper: float = 0.25  # controls: largest gap in the reference's entropy (nats)
     batch_rows: int = 32  # rows per generate call (not in any key: rows do not depend on it)
     seed: int = 0
@@ -176,6 +177,7 @@ RANGES = {
     "counterfactuals.temperature": (0.0, 10.0), "counterfactuals.max_new_tokens": (1, None),
     "counterfactuals.ref_min_pass": (0.0, 1.0), "counterfactuals.caliper": (0.0, None),
     "counterfactuals.batch_rows": (1, None), "counterfactuals.positive_points": (0, None),
+    "counterfactuals.placebo_points": (0, None),
     "counterfactuals.continuation_tokens": (1, None),
 }
 
