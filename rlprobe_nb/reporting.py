@@ -53,7 +53,7 @@ def is_finite(x) -> bool:
 def fmt(x, digits: int = 3, signed: bool = False) -> str:
     """``x`` with ``digits`` significant digits (at most 4 decimals for numbers below 1 in
     size, none lost for large ones); a sign on request; "n/a" for a missing or infinite
-    value."""
+    value. Zero is "0" even with a sign asked for."""
     if not is_finite(x):
         return "n/a"
     x = float(x)
@@ -65,7 +65,7 @@ def fmt(x, digits: int = 3, signed: bool = False) -> str:
         text = f"{x:.{decimals}f}"
         if float(text) == 0:  # smaller than the shown precision: say so, not "0.0000"
             text = f"{x:.1e}"
-    if signed and not text.startswith("-"):
+    if signed and not text.startswith("-") and text != "0":  # zero has no sign: "0", not "+0"
         text = "+" + text
     return text
 

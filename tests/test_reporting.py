@@ -10,7 +10,7 @@ from rlprobe_nb import reporting as rp
 
 @pytest.mark.parametrize("x, digits, signed, want", [
     (0.34217, 3, False, "0.342"), (-0.0386, 3, True, "-0.0386"), (0.0386, 3, True, "+0.0386"),
-    (12.345, 3, False, "12.3"), (1234.5, 3, False, "1234"), (0, 3, True, "+0"),
+    (12.345, 3, False, "12.3"), (1234.5, 3, False, "1234"), (0, 3, True, "0"),
     (3e-7, 3, False, "3.0e-07"), (float("nan"), 3, False, "n/a"), (math.inf, 3, False, "n/a"),
     (None, 3, False, "n/a"), (1.0, 3, False, "1.00"),
 ])

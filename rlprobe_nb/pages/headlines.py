@@ -18,7 +18,8 @@ import json
 
 import pandas as pd
 
-from rlprobe_nb.readable import number
+from rlprobe_nb import reporting
+from rlprobe_nb.readable import counted, number
 from rlprobe_nb.reporting import fmt as estimate_text
 from rlprobe_nb.tables import storage
 
@@ -118,47 +119,54 @@ def _viewer(t: Tables, checkpoints: list[str], reference: str) -> list[str]:
 
 
 def _branches(t: Tables, P) -> list[str]:
-    """08: by label, the pass rate kept and with the checkpoint's choice swapped in at its
-    disagreement points (tagged means of ``pass_rate``) and the mean effect's interval
-    over problems (``counterfactuals.by_label``); the placebo at the same contexts and at
-    its own points, over all."""
-    from rlprobe_nb.counterfactuals import by_label
-    from rlprobe_nb.reporting import interval_text
+    """08's answer: where the checkpoint would write another token, the labels at which
+    its choice swapped in decides the answer and those where it is not shown to (each
+    with the pass rate kept and swapped, tagged means of ``pass_rate``, and the mean
+    effect's interval over problems, ``counterfactuals.by_label``); then the placebo: its
+    choice at the same contexts, the paired difference from the checkpoint's (same
+    draws), and its own disagreement points."""
+    from rlprobe_nb.counterfactuals import branching, by_label, narrative
+    from rlprobe_nb.reporting import sign_of
 
     b = t("branches")
-    ckpt = str(b.checkpoint.iloc[0])
+    ckpt, seed = str(b.checkpoint.iloc[0]), int(b.seed.iloc[0])
     placebo = P.placebo_for(ckpt) if ckpt in P.steps and P.run_of(ckpt) == "rlvr" else None
-    found = by_label.experiments(b, ckpt, placebo, seed=int(b.seed.iloc[0]))
-
-    def rates(model, kind, rule):
-        where = {"model": model, "kind": kind, "rule": rule} if rule != "all" else \
-            {"model": model, "kind": kind}
-        return [tagged(_where(b, {**where, "arm": arm}).pass_rate.astype(float).mean(),
-                       "branches", "mean", "pass_rate", {**where, "arm": arm})
-                for arm in ("keep", "top1")]
-
-    def part(summary, model, kind, group):
-        row = summary[(summary.group == group) & (summary.estimate == "point")]
-        if not len(row) or not row.iloc[0].branches:
-            return None
-        r = row.iloc[0]
-        keep, top1 = rates(model, kind, group)
-        effect = html.escape(interval_text(r["mean"], r["low"], r["high"], int(r["problems"]),
-                                           signed=True))
-        return (f"{html.escape(by_label.NAMES[group])} ({int(r.branches)} points, "
-                f"{int(r.problems)} problems) {keep} → {top1}, effect {effect}")
-
+    found = by_label.experiments(b, ckpt, placebo, seed=seed)
     names = list(found)
-    mine = [p for g in by_label.STRATA if (p := part(found[names[0]], ckpt, "point", g))]
-    if not mine:
-        return [f"{html.escape(ckpt)}: no disagreement point was branched at (its branches "
-                "table holds none)."]
-    out = [f"{html.escape(ckpt)}'s choice swapped in where it would write another token "
-           "(pass rate kept → swapped): " + "; ".join(mine) + "."]
-    for name, kind in zip(names[1:], ("point", "own_point")):
-        line = part(found[name], placebo, kind, "all")
-        if line:
-            out.append(f"{html.escape(name)}: {line}.")
+
+    def part(name, model, kind, group):
+        r = by_label._get(found[name], group, "point")
+        if r is None:
+            return None, None
+        where = {"model": model, "kind": kind, **({} if group == "all" else {"rule": group})}
+        keep, top1 = [tagged(_where(b, {**where, "arm": arm}).pass_rate.astype(float).mean(),
+                             "branches", "mean", "pass_rate", {**where, "arm": arm})
+                      for arm in ("keep", "top1")]
+        text = (f"{keep} → {top1}, effect {html.escape(by_label._text(r, reporting.MIN_CLUSTERS))}, "
+                f"{counted(r.branches, 'point')} in {counted(r.problems, 'problem')}")
+        return text, sign_of(r["mean"], r["low"], r["high"], int(r["problems"]))
+
+    said = {g: part(names[0], ckpt, "point", g) for g in by_label.STRATA}
+    said = {g: v for g, v in said.items() if v[0]}
+    if not said:
+        return [f"{html.escape(ckpt)}: no disagreement point was branched at."]
+    decides = [f"{by_label.NAMES[g]} ({text})" for g, (text, sign) in said.items() if sign == 1]
+    others = [f"{by_label.NAMES[g]} ({text})" for g, (text, sign) in said.items() if sign != 1]
+    out = [f"Where {html.escape(ckpt)} would write another token than the one written, its "
+           "choice swapped in (pass rate kept → swapped) "
+           + (f"decides the answer at {'; '.join(decides)}" if decides else
+              "is not shown to decide the answer at any label")
+           + (f"; it is not shown to at {'; '.join(others)} (the interval holds 0, or too few "
+              "problems)" if others and decides else "") + "."]
+    if len(names) > 1:
+        same, _ = part(names[1], placebo, "point", "all")
+        effects = branching.effects(b[b["kind"] == "point"], arm="top1")
+        contrast = branching.policy_contrast(effects, ckpt, placebo, seed=seed)
+        out.append(f"The placebo's choice at the same contexts: {same}; "
+                   f"{html.escape(narrative.contrast_line(contrast))}.")
+    if len(names) > 2:
+        own, _ = part(names[2], placebo, "own_point", "all")
+        out.append(f"At the placebo's own disagreement points: {own}.")
     return out
 
 
