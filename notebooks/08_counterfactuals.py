@@ -15,7 +15,15 @@
 
 # %% [markdown]
 # # 08 · Counterfactual branching: does the token decide the answer?
-#
+
+# %%
+from IPython.display import Markdown
+
+from rlprobe_nb import views
+
+FINDING = views.finding_slot()  # the chapter's finding, written here once its tables are read
+
+# %% [markdown]
 # Chapters 04–06 say where a checkpoint *would* write something else than the reference
 # did. That does not say the token matters: a different word for the same step changes
 # nothing. Here the text itself is put to the test. The checkpoint takes over one of the
@@ -444,6 +452,8 @@ else:
 EXPERIMENTS = by_label.experiments(BRANCHES, checkpoint, PLACEBO, n_boot=n_boot, seed=C.seed)
 display(by_label.table(EXPERIMENTS))
 print("\n".join(by_label.conclusion(EXPERIMENTS)))
+FINDING.update(Markdown(by_label.finding(EXPERIMENTS, checkpoint, narrative.contrast_line(CONTRAST)
+                                         if PLACEBO else None)))
 
 # %% [markdown]
 # ## Takeover curves

@@ -22,6 +22,7 @@ import pandas as pd
 
 from rlprobe_nb.counterfactuals import branching
 from rlprobe_nb.counterfactuals.points import STRATA
+from rlprobe_nb.readable import counted
 from rlprobe_nb.reporting import MIN_CLUSTERS, fmt, interval_text, sign_of
 
 NAMES = {"result_first_wrong": "first wrong digits", "operand": "operands",
@@ -119,3 +120,45 @@ def conclusion(summaries: dict[str, pd.DataFrame], min_clusters: int = MIN_CLUST
     """The answer, label by label and over all (``label_sentence``)."""
     lines = [label_sentence(summaries, g, min_clusters) for g in GROUPS]
     return [line for line in lines if line]
+
+
+def by_verdict(summary: pd.DataFrame, min_clusters: int = MIN_CLUSTERS) -> tuple[list, list]:
+    """The labels (``STRATA``) with points, split into those whose swap decides the answer
+    (the mean effect's interval lies above 0) and the others (it holds 0, lies below it,
+    or comes from too few problems): two lists of (label, its summary row)."""
+    decides, others = [], []
+    for group in STRATA:
+        row = _get(summary, group, "point")
+        if row is not None:
+            up = sign_of(row["mean"], row["low"], row["high"], int(row["problems"]), min_clusters) == 1
+            (decides if up else others).append((group, row))
+    return decides, others
+
+
+def finding(summaries: dict[str, pd.DataFrame], checkpoint: str, contrast_line: str | None = None,
+            min_clusters: int = MIN_CLUSTERS) -> str:
+    """The chapter's finding in a few sentences (markdown): the labels where the
+    checkpoint's choice decides the answer and those where it is not shown to, then the
+    placebo at the same contexts (with the paired contrast, ``contrast_line``) and at its
+    own points, every number read from the summaries."""
+    def said(group, row):
+        return (f"{NAMES[group]} ({_text(row, min_clusters)}, {counted(row['branches'], 'point')} "
+                f"in {counted(row['problems'], 'problem')})")
+
+    names = list(summaries)
+    decides, others = by_verdict(summaries[names[0]], min_clusters)
+    if not decides and not others:
+        return f"**Finding.** {checkpoint} was branched at no disagreement point."
+    text = (f"**Finding.** Where `{checkpoint}` would write another token than the one written, "
+            "its choice swapped in "
+            + ("decides the answer at " + "; ".join(said(g, r) for g, r in decides)
+               if decides else "is not shown to decide the answer at any label")
+            + ("; it is not shown to at " + "; ".join(said(g, r) for g, r in others)
+               if others and decides else "") + ".")
+    for name in names[1:]:
+        row = _get(summaries[name], "all", "point")
+        if row is not None:
+            text += f" `{name}`: mean effect {_text(row, min_clusters)} over all its points."
+    if contrast_line:
+        text += f" {contrast_line}."
+    return text

@@ -126,7 +126,6 @@ def _branches(t: Tables, P) -> list[str]:
     choice at the same contexts, the paired difference from the checkpoint's (same
     draws), and its own disagreement points."""
     from rlprobe_nb.counterfactuals import branching, by_label, narrative
-    from rlprobe_nb.reporting import sign_of
 
     b = t("branches")
     ckpt, seed = str(b.checkpoint.iloc[0]), int(b.seed.iloc[0])
@@ -134,38 +133,37 @@ def _branches(t: Tables, P) -> list[str]:
     found = by_label.experiments(b, ckpt, placebo, seed=seed)
     names = list(found)
 
-    def part(name, model, kind, group):
-        r = by_label._get(found[name], group, "point")
-        if r is None:
-            return None, None
+    def said(model, kind, group, r):
         where = {"model": model, "kind": kind, **({} if group == "all" else {"rule": group})}
         keep, top1 = [tagged(_where(b, {**where, "arm": arm}).pass_rate.astype(float).mean(),
                              "branches", "mean", "pass_rate", {**where, "arm": arm})
                       for arm in ("keep", "top1")]
-        text = (f"{keep} → {top1}, effect {html.escape(by_label._text(r, reporting.MIN_CLUSTERS))}, "
+        return (f"{keep} → {top1}, effect {html.escape(by_label._text(r, reporting.MIN_CLUSTERS))}, "
                 f"{counted(r.branches, 'point')} in {counted(r.problems, 'problem')}")
-        return text, sign_of(r["mean"], r["low"], r["high"], int(r["problems"]))
 
-    said = {g: part(names[0], ckpt, "point", g) for g in by_label.STRATA}
-    said = {g: v for g, v in said.items() if v[0]}
-    if not said:
+    def overall(name, model, kind):
+        r = by_label._get(found[name], "all", "point")
+        return "no point" if r is None else said(model, kind, "all", r)
+
+    decides, others = by_label.by_verdict(found[names[0]])
+    if not decides and not others:
         return [f"{html.escape(ckpt)}: no disagreement point was branched at."]
-    decides = [f"{by_label.NAMES[g]} ({text})" for g, (text, sign) in said.items() if sign == 1]
-    others = [f"{by_label.NAMES[g]} ({text})" for g, (text, sign) in said.items() if sign != 1]
+    listed = [[f"{by_label.NAMES[g]} ({said(ckpt, 'point', g, r)})" for g, r in part]
+              for part in (decides, others)]
     out = [f"Where {html.escape(ckpt)} would write another token than the one written, its "
            "choice swapped in (pass rate kept → swapped) "
-           + (f"decides the answer at {'; '.join(decides)}" if decides else
+           + (f"decides the answer at {'; '.join(listed[0])}" if decides else
               "is not shown to decide the answer at any label")
-           + (f"; it is not shown to at {'; '.join(others)} (the interval holds 0, or too few "
+           + (f"; it is not shown to at {'; '.join(listed[1])} (the interval holds 0, or too few "
               "problems)" if others and decides else "") + "."]
     if len(names) > 1:
-        same, _ = part(names[1], placebo, "point", "all")
+        same = overall(names[1], placebo, "point")
         effects = branching.effects(b[b["kind"] == "point"], arm="top1")
         contrast = branching.policy_contrast(effects, ckpt, placebo, seed=seed)
         out.append(f"The placebo's choice at the same contexts: {same}; "
                    f"{html.escape(narrative.contrast_line(contrast))}.")
     if len(names) > 2:
-        own, _ = part(names[2], placebo, "own_point", "all")
+        own = overall(names[2], placebo, "own_point")
         out.append(f"At the placebo's own disagreement points: {own}.")
     return out
 
