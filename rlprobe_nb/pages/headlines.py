@@ -136,8 +136,8 @@ def _branches(t: Tables, P) -> list[str]:
     def said(model, kind, group, r):
         where = {"model": model, "kind": kind, **({} if group == "all" else {"rule": group})}
         keep, top1 = [tagged(_where(b, {**where, "arm": arm}).pass_rate.astype(float).mean(),
-                             "branches", "mean", "pass_rate", {**where, "arm": arm})
-                      for arm in ("keep", "top1")]
+                             "branches", "mean", "pass_rate", {**where, "arm": arm}, fmt="fmt")
+                      for arm in ("keep", "top1")]  # as 08's table prints them
         return (f"{keep} → {top1}, effect {html.escape(by_label._text(r, reporting.MIN_CLUSTERS))}, "
                 f"{counted(r.branches, 'point')} in {counted(r.problems, 'problem')}")
 
