@@ -378,6 +378,50 @@ def chart_specs(executed) -> list[dict]:
     return out
 
 
+# Chart values that cannot be negative (a KL, JS, an entropy, k2, k3) and shares that lie in
+# [0, 1] (accuracies, pass rates, shares of positions): an interval drawn beyond them shows
+# the method's artefact, not the data (issue 41: a bootstrap-t interval reached -1 nats).
+NONNEGATIVE = {"kl_ckpt_ref", "kl_ref_ckpt", "js", "entropy_ckpt", "entropy_ref", "k2", "k3"}
+SHARES = ("accuracy", "rate", "pass_rate", "share", "disagreements")
+
+
+def interval_problems(row: dict) -> list[str]:
+    """What is wrong with one chart row's interval: bounds out of order, the estimate
+    outside them, a non-negative metric's or a share's interval beyond its possible range."""
+    bad = []
+    for lo, hi in (("low", "high"), ("wilson_low", "wilson_high")):
+        a, b = row.get(lo), row.get(hi)
+        if not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
+            continue
+        if a > b + 1e-12:
+            bad.append(f"{lo} {a} > {hi} {b}")
+        est = next((row[c] for c in ("estimate", "mean", "accuracy", "rate", "pass_rate")
+                    if isinstance(row.get(c), (int, float))), None)
+        if est is not None and not a - 1e-9 <= est <= b + 1e-9:
+            bad.append(f"estimate {est} outside [{a}, {b}]")
+        if str(row.get("metric") or row.get("statistic") or "") in NONNEGATIVE and a < -1e-9:
+            bad.append(f"{row.get('metric') or row.get('statistic')}: interval below 0 ({a})")
+        if any(c in row for c in SHARES) and "arm" not in row and (a < -1e-9 or b > 1 + 1e-9):
+            bad.append(f"a share's interval beyond [0, 1]: [{a}, {b}]")
+    return bad
+
+
+@pytest.mark.slow
+def test_no_chart_draws_an_interval_beyond_what_its_values_can_be(small_book):
+    """Issue 41, acceptance 3: every interval of every chart of every page lies within
+    the range its value can take, and holds its estimate."""
+    found, rows = [], 0
+    for executed in sorted(small_book["figures"].glob("*.ipynb")):
+        for spec in chart_specs(executed):
+            for data in spec.get("datasets", {}).values():
+                for row in data:
+                    rows += 1
+                    found += [f"{executed.stem}: {why}" for why in interval_problems(row)]
+    assert rows > 100 and found == [], found[:10]
+    assert interval_problems({"metric": "kl_ref_ckpt", "estimate": 0.07, "low": -0.2, "high": 1.0})
+    assert interval_problems({"accuracy": 0.9, "low": 0.8, "high": 1.2})
+
+
 def sub_charts(spec: dict):
     yield spec
     for key in ("hconcat", "vconcat", "concat", "layer"):
