@@ -121,9 +121,9 @@ tokenizer = models.load_tokenizer(P.reference, P)
 special = set(tokenizer.all_special_ids)
 figures = paths.figures_dir(P.suite)
 print(f"suite {P.suite!r}: checkpoint {checkpoint!r} vs {P.reference!r}, group {group!r}: "
-      f"{len(forced)} forced rollouts of {tokens.problem_id.nunique()} problems "
-      f"({len(tokens):,} tokens); for the positive control also the reference's "
-      f"{len(extra)} other wrong rollouts of those problems (positive_pool "
+      f"{counted(len(forced), 'forced rollout')} of {counted(tokens.problem_id.nunique(), 'problem')} "
+      f"({counted(len(tokens), 'token')}); for the positive control also the reference's "
+      f"{counted(len(extra), 'other wrong rollout')} of those problems (positive_pool "
       f"{C.positive_pool!r})")
 
 # %% [markdown]
@@ -177,7 +177,7 @@ first_wrong.correct_how.value_counts().rename_axis("how corrected, or why not").
 forced_tok = TOK[TOK.rollout_id.isin(forced) & points.eligible(TOK, C.include_format)]
 pool = forced_tok.assign(label=points.stratum(forced_tok), disagrees=points.disagrees(forced_tok))
 print(f"{int(pool.disagrees.sum())} of {len(pool):,} branchable contexts of {checkpoint!r} are "
-      f"disagreements, in {pool[pool.disagrees].problem_id.nunique()} problems")
+      f"disagreements, in {counted(pool[pool.disagrees].problem_id.nunique(), 'problem')}")
 display(pool.groupby("label").size().rename("branchable contexts").to_frame().join(
     pool[pool.disagrees].groupby("label").agg(disagreements=("pos", "size"),
                                               problems=("problem_id", "nunique"))).fillna(0))
@@ -189,13 +189,14 @@ POINTS = plan.combine(MAIN, POSITIVE)
 spiked = points.spike_keys(SPIKES, checkpoint, (group,))
 agreeing = pool[~pool.disagrees.to_numpy()
                 & pd.Series(list(zip(pool.rollout_id, pool.pos))).isin(spiked).to_numpy()]
-print(f"strata {C.point_strata}: {len(MAIN)} points in {MAIN.problem_id.nunique()} problems "
+print(f"strata {C.point_strata}: {counted(len(MAIN), 'point')} in "
+      f"{counted(MAIN.problem_id.nunique(), 'problem')} "
       f"({MAIN.rule.value_counts().to_dict()}), {int(MAIN.spike.sum())} of them spikes; "
       f"{len(spiked)} significant spikes of {checkpoint!r} in group {group!r}, "
       f"{len(agreeing)} of them where its top-1 is the written token or the same text "
       "(not points); "
-      f"positive control: {len(POSITIVE)} first wrong digits in {POSITIVE.problem_id.nunique()} "
-      "problems")
+      f"positive control: {counted(len(POSITIVE), 'first wrong digit')} in "
+      f"{counted(POSITIVE.problem_id.nunique(), 'problem')}")
 POINTS[["rollout_id", "pos", "rule", "main", "positive", "spike", "token", "ground_truth",
         "category", "alt_token", "alt_rank", "correct_char", "entropy_ref"]]
 
@@ -215,7 +216,7 @@ POINTS[["rollout_id", "pos", "rule", "main", "positive", "spike", "token", "grou
 avoid = set(zip(SPIKES.rollout_id, SPIKES.pos)) | set(zip(POINTS.rollout_id, POINTS.pos))
 CONTROLS = branching.match_controls(MAIN, TOK, avoid, caliper=C.caliper, seed=C.seed,
                                     include_format=C.include_format, disagree_only=True)
-print(f"{len(CONTROLS)} controls for {len(MAIN)} points "
+print(f"{counted(len(CONTROLS), 'control')} for {counted(len(MAIN), 'point')} "
       f"({CONTROLS['match'].value_counts().to_dict()}); median entropy gap "
       f"{reporting.fmt(CONTROLS.entropy_gap.median())} nats")
 pd.DataFrame({"points": MAIN.rule.value_counts(), "with a control": CONTROLS.rule.value_counts()}
@@ -244,8 +245,9 @@ print(f"the placebo {PLACEBO!r} continues every context too" if PLACEBO else
 if C.ref_min_pass is None:
     print("the reference continues no context (ref_min_pass: null)")
 else:
-    print(f"the reference solves {len(ref_problems)} of the {POINTS.problem_id.nunique()} "
-          f"problems branched on at least {C.ref_min_pass:.0%} of the time: "
+    print(f"the reference solves {len(ref_problems)} of the "
+          f"{counted(POINTS.problem_id.nunique(), 'problem')} branched on at least "
+          f"{C.ref_min_pass:.0%} of the time: "
           + ("it continues those too" if ref_problems else "it is not used as a policy here"))
 
 # %% [markdown]
@@ -274,9 +276,10 @@ if PLACEBO and own_max:
                                             seed=C.seed, include_format=C.include_format,
                                             disagree_only=True)
     shared = set(zip(OWN.rollout_id, OWN.pos)) & set(zip(MAIN.rollout_id, MAIN.pos))
-    print(f"{PLACEBO!r}: {len(OWN)} disagreement points in {OWN.problem_id.nunique()} problems "
+    print(f"{PLACEBO!r}: {counted(len(OWN), 'disagreement point')} in "
+          f"{counted(OWN.problem_id.nunique(), 'problem')} "
           f"({OWN.rule.value_counts().to_dict()}), {len(shared)} of them also points of "
-          f"{checkpoint!r}; {len(OWN_CONTROLS)} controls")
+          f"{checkpoint!r}; {counted(len(OWN_CONTROLS), 'control')}")
 else:
     print("the placebo does not branch at its own points (no placebo, or placebo_points 0)")
 

@@ -102,8 +102,9 @@ def label_sentence(summaries: dict[str, pd.DataFrame], group: str,
     point = _get(summaries[names[0]], group, "point")
     if point is None:
         return None
-    head = (f"{NAMES[group]} ({int(point['branches'])} points, {int(point['problems'])} "
-            f"problems): the checkpoint's choices {_verdict(point, min_clusters)}, from "
+    head = (f"{NAMES[group]} ({counted(point['branches'], 'point')}, "
+            f"{counted(point['problems'], 'problem')}): the checkpoint's choices "
+            f"{_verdict(point, min_clusters)}, from "
             f"{fmt(point['rate_keep'])} to {fmt(point['rate_arm'])}, mean effect "
             f"{_text(point, min_clusters)}")
     control = _get(summaries[names[0]], group, "control")
@@ -112,7 +113,7 @@ def label_sentence(summaries: dict[str, pd.DataFrame], group: str,
     for name in names[1:]:
         other = _get(summaries[name], group, "point")
         head += (f"; {name}: " + ("no point" if other is None else
-                                  f"{int(other['branches'])} points, {_text(other, min_clusters)}"))
+                                  f"{counted(other['branches'], 'point')}, {_text(other, min_clusters)}"))
     return head
 
 
