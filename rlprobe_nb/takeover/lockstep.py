@@ -1,0 +1,317 @@
+"""Takeover decoding: the reference writes, a checkpoint runs in lock-step over the same
+text, and at each position a rule says whose draw stands.
+
+At every position of every response both models' next-token distributions are computed
+over the same prefix. Both draws use the same seeded Gumbel noise (``sampling.draw``: the
+noise is a function of the request's seed, the position and the token), so where the two
+distributions are close the two draws are the same token, and where they differ the
+draws differ the way the two models would. A *rule* scores the reference's draw (a
+criterion of ``criteria``) and, where the score passes the rule's threshold, the token is
+the checkpoint's draw instead (a *takeover*), else the reference's draw stands. A rule
+that never passes writes exactly what the reference writes alone with the same seed, one
+that always passes what the checkpoint writes alone.
+
+Shared work. One request (a prompt and a seed) carries many rules at once (every
+criterion at every threshold, and both ends). Their texts are identical up to the first
+position where two rules pick different tokens, and at most positions every rule picks
+the same token (both draws agree, or no rule passes), so the rules of a request are held
+as a tree of distinct prefixes: each *node* (one distinct prefix) is one row of the decode
+batch in both models, and when the rules at a node pick different tokens the node splits,
+its keys and values copied into a free slot. The cost is the number of distinct prefixes,
+not the number of rules: a sweep of twenty rules costs a few texts per request.
+
+Slots. Key/value buffers per model hold one slot per live node (``SlotCache``, the
+book's decode loop's buffers, written through the same attention function); idle slots
+are masked, the buffers grow when a split needs a slot and none is free, and shrink to the
+live slots once half of them are idle and no request waits. Each node's tokens depend on
+its own prompt, seed and rules, and on the batch shapes (the rounding of the matrix
+products: the same inputs in the same order give the same tokens).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from rlprobe_nb.generation import sampling
+from rlprobe_nb.generation.decoding import SLOT_ATTENTION, SPAN_STEP, _model_shape, finish_reason
+from rlprobe_nb.generation.slot_cache import SlotCache, slot_attention
+from rlprobe_nb.takeover import criteria
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Take over where ``criterion``'s score of the reference's draw is > ``threshold``
+    (criterion "never" and "always" are the two ends)."""
+    criterion: str
+    threshold: float = 0.0
+
+
+NEVER, ALWAYS = Rule("never"), Rule("always")
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: tuple[int, ...]
+    seed: int
+    rules: tuple[Rule, ...]
+
+
+@dataclass
+class Written:
+    """What one rule wrote for one request."""
+    ids: list[int]
+    finish: str
+    taken: list[int]     # positions (0 = first response token) where the rule passed
+    changed: list[int]   # of those, where the checkpoint's draw differs from the reference's
+
+
+@dataclass(eq=False)
+class _Node:
+    request: int
+    slot: int
+    ids: list[int]
+    rules: list[int]
+    taken: dict[int, list[int]] = field(default_factory=dict)
+    changed: dict[int, list[int]] = field(default_factory=dict)
+
+    def fork(self, rules: list[int], slot: int) -> "_Node":
+        return _Node(self.request, slot, list(self.ids), rules,
+                     {r: list(self.taken[r]) for r in rules},
+                     {r: list(self.changed[r]) for r in rules})
+
+
+class _Pair:
+    """The two models' key/value buffers, slot for slot."""
+
+    def __init__(self, ref, ckpt, slots: int, length: int):
+        p = next(ref.parameters())
+        self.models, self.device, self.dtype = (ref, ckpt), p.device, p.dtype
+        self.length = -(-length // SPAN_STEP) * SPAN_STEP
+        self.caches = [SlotCache(*_cache_shape(m, slots, self.length), self.dtype, self.device)
+                       for m in self.models]
+        self.positions_ = torch.arange(self.length, device=self.device)
+        self.free = list(range(slots))[::-1]
+
+    @property
+    def slots(self) -> int:
+        return len(self.caches[0].rows)
+
+    def _forward(self, model, cache, ids, positions, mask) -> torch.Tensor:
+        return model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache,
+                     use_cache=True, logits_to_keep=1).logits[:, -1]
+
+    def _mask(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(hidden.shape, dtype=self.dtype, device=self.device).masked_fill(
+            hidden, torch.finfo(self.dtype).min)
+
+    def prefill(self, prompt: tuple[int, ...], slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt into ``slot`` of both models; each model's last logits [1, V]."""
+        n = len(prompt)
+        ids = torch.tensor([prompt], device=self.device)
+        mask = self._mask(self.positions_[:n][None, :] > self.positions_[:n][:, None])
+        out = []
+        for model, cache in zip(self.models, self.caches):
+            cache.prefill_slot = slot
+            try:
+                out.append(self._forward(model, cache, ids, self.positions_[:n][None],
+                                         mask[None, None]))
+            finally:
+                cache.prefill_slot = None
+        return out[0], out[1]
+
+    def step(self, tokens: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per slot at its position (idle slots: any token, masked); logits
+        [slots, V] of both models."""
+        span = min(self.length, -(-(int(pos.max()) + 1) // SPAN_STEP) * SPAN_STEP)
+        mask = self._mask(self.positions_[:span][None, :] > pos[:, None])[:, None, None, :]
+        out = []
+        for model, cache in zip(self.models, self.caches):
+            cache.prefill_slot, cache.positions, cache.span = None, pos, span
+            out.append(self._forward(model, cache, tokens[:, None], pos[:, None], mask))
+        return out[0], out[1]
+
+    def copy(self, src: int, dst: int, n: int) -> None:
+        for cache in self.caches:
+            cache.copy_slot(src, [dst], n)
+
+    def grow(self, extra: int) -> None:
+        for cache in self.caches:
+            for bufs in (cache.keys, cache.values):
+                for i, buf in enumerate(bufs):
+                    bufs[i] = torch.cat([buf, torch.zeros((extra, *buf.shape[1:]),
+                                                          dtype=buf.dtype, device=buf.device)])
+            cache.rows = torch.arange(len(cache.rows) + extra, device=self.device)
+        self.free = list(range(self.slots - extra, self.slots))[::-1] + self.free
+
+    def compact(self, live: list[int]) -> dict[int, int]:
+        """Keep only ``live`` slots (in that order); returns old slot -> new slot."""
+        keep = torch.tensor(live, device=self.device)
+        for cache in self.caches:
+            cache.select(keep)
+        self.free = []
+        return {old: new for new, old in enumerate(live)}
+
+
+def _cache_shape(model, slots: int, length: int) -> tuple[int, int, int, int, int]:
+    layers, kv_heads, head_dim = _model_shape(model)
+    return layers, slots, kv_heads, length, head_dim
+
+
+class _Run:
+    """One lock-step run over a list of requests (see the module docstring)."""
+
+    def __init__(self, pair: _Pair, requests: Sequence[Request], temperature: float,
+                 max_new_tokens: int, eos: set[int], finish: Callable | None,
+                 batch: int, record: Callable | None):
+        self.pair, self.requests, self.temperature = pair, requests, float(temperature)
+        self.max_new_tokens, self.eos, self.finish = max_new_tokens, eos, finish
+        self.batch, self.record = batch, record
+        self.nodes: list[_Node] = []
+        self.results: dict[tuple[int, int], Written] = {}
+        self.node_steps = 0  # rows forwarded in both models: the run's cost
+
+    def admit(self, queue: deque) -> None:
+        while queue and len(self.nodes) < self.batch:
+            i = queue.popleft()
+            req = self.requests[i]
+            if not self.pair.free:
+                self.pair.grow(max(8, self.pair.slots // 2))
+            node = _Node(i, self.pair.free.pop(), [], list(range(len(req.rules))),
+                         {r: [] for r in range(len(req.rules))},
+                         {r: [] for r in range(len(req.rules))})
+            ref_logits, ckpt_logits = self.pair.prefill(req.prompt, node.slot)
+            self.decide([node], ref_logits, ckpt_logits)
+
+    def decide(self, nodes: list[_Node], ref_logits: torch.Tensor,
+               ckpt_logits: torch.Tensor) -> None:
+        """Each node's rules pick their tokens from both models' logits [len(nodes), V];
+        nodes split where their rules disagree, and end where their text does."""
+        seeds = sampling.check_seeds([self.requests[n.request].seed for n in nodes])
+        steps = torch.tensor([len(n.ids) for n in nodes], dtype=torch.long)
+        temps = torch.full((len(nodes),), self.temperature, dtype=torch.float64)
+        dev = ref_logits.device
+        x_ref = sampling.draw(ref_logits, seeds.to(dev), steps.to(dev), temps.to(dev)).cpu()
+        x_ckpt = sampling.draw(ckpt_logits, seeds.to(dev), steps.to(dev), temps.to(dev)).cpu()
+        scores = criteria.scores(ref_logits, ckpt_logits, x_ref.to(dev), seeds, steps)
+        if self.record is not None:
+            self.record(nodes, x_ref, x_ckpt, scores)
+        for b, node in enumerate(list(nodes)):
+            self._advance(node, b, int(x_ref[b]), int(x_ckpt[b]), scores)
+
+    def _advance(self, node: _Node, b: int, x_ref: int, x_ckpt: int, scores: dict) -> None:
+        rules = self.requests[node.request].rules
+        by_token: dict[int, list[int]] = {}
+        pos = len(node.ids)
+        for r in node.rules:
+            passed = criteria.passes(rules[r], scores, b)
+            if passed:
+                node.taken[r].append(pos)
+                if x_ckpt != x_ref:
+                    node.changed[r].append(pos)
+            by_token.setdefault(x_ckpt if passed else x_ref, []).append(r)
+        groups = sorted(by_token.items(), key=lambda kv: min(kv[1]))
+        children = [node]
+        node.rules = groups[0][1]
+        for _, rs in groups[1:]:
+            if not self.pair.free:
+                self.pair.grow(max(8, self.pair.slots // 2))
+            child = node.fork(rs, self.pair.free.pop())
+            self.pair.copy(node.slot, child.slot, len(self.requests[node.request].prompt) + pos)
+            self.nodes.append(child)
+            children.append(child)
+        if node not in self.nodes:
+            self.nodes.append(node)
+        for child, (token, _) in zip(children, groups):
+            child.ids.append(token)
+            why = finish_reason(child.ids, token, self.eos, self.finish, self.max_new_tokens)
+            if why is not None:
+                for r in child.rules:
+                    self.results[(child.request, r)] = Written(
+                        list(child.ids), why, child.taken[r], child.changed[r])
+                self.nodes.remove(child)
+                self.pair.free.append(child.slot)
+
+    def step(self) -> None:
+        slots = self.pair.slots
+        tokens = torch.zeros(slots, dtype=torch.long)
+        pos = torch.zeros(slots, dtype=torch.long)
+        for node in self.nodes:
+            tokens[node.slot] = node.ids[-1]
+            pos[node.slot] = len(self.requests[node.request].prompt) + len(node.ids) - 1
+        dev = self.pair.device
+        ref_logits, ckpt_logits = self.pair.step(tokens.to(dev), pos.to(dev))
+        live = list(self.nodes)
+        self.node_steps += len(live)
+        index = torch.tensor([n.slot for n in live], device=dev)
+        self.decide(live, ref_logits.index_select(0, index), ckpt_logits.index_select(0, index))
+
+    def shrink(self) -> None:
+        moved = self.pair.compact([n.slot for n in self.nodes])
+        for node in self.nodes:
+            node.slot = moved[node.slot]
+
+    def run(self, progress: Callable[[int], None]) -> None:
+        queue = deque(range(len(self.requests)))
+        self.admit(queue)
+        while self.nodes:
+            done = len(self.results)
+            self.step()
+            if len(self.results) > done:
+                progress(len(self.results) - done)
+            self.admit(queue)
+            if not queue and self.nodes and len(self.nodes) <= self.pair.slots // 2:
+                self.shrink()
+
+
+@torch.inference_mode()
+def takeover_generate(ref, ckpt, requests: Sequence[Request], eos: Sequence[int], *,
+                      temperature: float, max_new_tokens: int, batch: int = 64,
+                      finish: Callable[[list[int]], str | None] | None = None,
+                      progress: Callable[[int], None] | None = None,
+                      record: Callable | None = None, stats: dict | None = None
+                      ) -> list[list[Written]]:
+    """Per request, per rule: what it wrote (``Written``). ``ref`` writes, ``ckpt`` takes
+    over where a rule passes (see the module docstring); both are HF decoder-only models of
+    one tokenizer on one device (Llama-like attention, as the book's decode loop needs).
+    ``batch``: nodes decoded at a time (requests are admitted while fewer are live).
+    ``record(nodes, x_ref, x_ckpt, scores)`` sees every decision (tests); ``stats`` gets
+    the run's cost (``node_steps``: rows forwarded through both models)."""
+    if not requests:
+        return []
+    if temperature < 0 or max_new_tokens < 1:
+        raise ValueError(f"need temperature >= 0 and max_new_tokens >= 1, got "
+                         f"{temperature}, {max_new_tokens}")
+    for req in requests:
+        if not req.prompt or not req.rules:
+            raise ValueError("each request needs a prompt and at least one rule")
+        for rule in req.rules:
+            criteria.check_rule(rule)
+    length = max(len(r.prompt) for r in requests) + max_new_tokens
+    pair = _Pair(ref, ckpt, min(batch, len(requests)) * 2, length)
+    run = _Run(pair, requests, temperature, max_new_tokens, {int(e) for e in eos}, finish,
+               batch, record)
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(SLOT_ATTENTION, slot_attention)
+    previous = [m.config._attn_implementation for m in (ref, ckpt)]
+    for m in (ref, ckpt):
+        m.config._attn_implementation = SLOT_ATTENTION
+    try:
+        run.run(progress or (lambda k: None))
+    finally:
+        for m, prev in zip((ref, ckpt), previous):
+            m.config._attn_implementation = prev
+    if stats is not None:
+        stats["node_steps"] = run.node_steps
+    return [[run.results[(i, r)] for r in range(len(req.rules))]
+            for i, req in enumerate(requests)]
+
+
+def distinct_texts(written: list[list[Written]]) -> int:
+    """How many distinct texts the rules wrote (the tree's leaves)."""
+    return sum(len({tuple(w.ids) for w in per}) for per in written)
+
