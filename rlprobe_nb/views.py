@@ -14,6 +14,7 @@ The SVG and a PNG are also saved for papers.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -294,13 +295,30 @@ def _title(spec: dict) -> str:
     return " ".join(title) if isinstance(title, list) else str(title)
 
 
+# Characters XML 1.0 forbids (C0 controls but tab, newline and carriage return): a token's
+# text may hold them, and the SVG/PNG renderer refuses a spec that does.
+_XML_ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def _xml_safe(value):
+    """``value`` (a spec as parsed JSON) with every XML-illegal control character in its
+    strings replaced by its Control Pictures mark, as ``readable.visible`` shows it."""
+    if isinstance(value, str):
+        return _XML_ILLEGAL.sub(lambda m: chr(0x2400 + ord(m.group())), value)
+    if isinstance(value, list):
+        return [_xml_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {_xml_safe(k): _xml_safe(v) for k, v in value.items()}
+    return value
+
+
 def show(chart, save_as: str | Path | None = None) -> ChartView:
     """Display a chart: interactive (tooltips; zoom where its axes are continuous) in
     JupyterLab and in the book's exported pages, a static SVG elsewhere; optionally save
     ``save_as``.svg and .png beside it (the static chart, for papers)."""
     import vl_convert as vlc
 
-    spec_json = chart.to_json()
+    spec_json = json.dumps(_xml_safe(json.loads(chart.to_json())))
     svg = vlc.vegalite_to_svg(spec_json)
     if save_as is not None:
         from rlprobe_nb.tables.storage import atomic_path

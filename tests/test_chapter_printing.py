@@ -219,3 +219,20 @@ def test_the_checks_catch_what_they_look_for():
     assert any("intervals (low, high)" in f for f in found)
     good = Shown(texts=[reporting.interval_text(0.342, 0.301, 0.388, 4)])
     assert problems_in(good) == []
+
+
+def test_say_categories_with_a_single_comparable_label():
+    """Only one label has tokens in enough problems and its Δlogp is below 0: there is no
+    runner-up to compare it with (this raised IndexError on a real TRL run's 04)."""
+    from rlprobe_nb.divergence import narrative
+
+    con = pd.DataFrame({"group": ["target"] * 2, "step": [100] * 2, "eligible": [True, False],
+                        "category": ["operand", "operator"], "versus": ["", ""],
+                        "statistic": ["dlogp_mean", "dlogp_mean"], "estimate": [-0.5, -0.1],
+                        "low": [-0.8, -0.3], "high": [-0.2, 0.1], "problems": [12, 3]})
+    cats = pd.DataFrame({"group": ["target"] * 2, "step": [100] * 2,
+                         "statistic": ["dlogp_mean"] * 2, "category": ["operand", "operator"],
+                         "estimate": [-0.5, -0.1], "low": [-0.8, -0.3], "high": [-0.2, 0.1],
+                         "problems": [12, 3]})
+    text = narrative.say_categories(cats, con, what="label")
+    assert "only 'operand'" in text and "no other label to compare" in text

@@ -66,3 +66,17 @@ def test_the_shown_chart_carries_the_tooltips_into_jupyterlab_and_the_pages():
     spec = shown._repr_mimebundle_()[views.VEGALITE_MIMETYPE]
     assert spec["encoding"]["tooltip"][1]["field"] == "estimate (shown)"
     assert any(t.get("as") == "estimate (shown)" for t in spec["transform"])
+
+
+def test_a_token_with_a_control_character_renders_and_saves(tmp_path):
+    """A token's text may hold C0 controls XML forbids (\\x14, \\x0c): the SVG and PNG
+    renderer refused the whole chart (seen on a real TRL run's tokens); they are shown
+    as their Control Pictures marks instead."""
+    import altair as alt
+
+    df = pd.DataFrame({"token": ["a\x14b", "\x0cff", "ok\n"], "x": [1, 2, 3]})
+    chart = alt.Chart(df).mark_bar().encode(x="x:Q", y="token:N", tooltip=["token"])
+    views.show(chart, save_as=tmp_path / "controls")
+    svg = (tmp_path / "controls.svg").read_text()
+    assert "\u2414" in svg and "\u240c" in svg
+    assert (tmp_path / "controls.png").stat().st_size > 0

@@ -142,7 +142,12 @@ def say_categories(categories: pd.DataFrame, contrasts: pd.DataFrame, group: str
             runner = diffs.iloc[0] if len(diffs) else None
             beaten = [rp.sign_of(d.estimate, d.low, d.high, int(d.problems)) < 0
                       for d in diffs.itertuples()]  # the runner-up and every other label
-            if runner is not None and all(beaten):
+            if runner is None:  # the only label with enough problems: nothing to beat
+                text.append(f"At step {step}, only '{leader}' has tokens in "
+                            f"{rp.MIN_CLUSTERS} problems or more; its mean Δlogp is "
+                            f"{rp.row_text(lead, unit=' nats')}, with no other {what} to "
+                            "compare it with.")
+            elif all(beaten):
                 text.append(
                     f"At step {step}, the checkpoint lowers the probability of the reference's "
                     f"'{leader}' tokens most: mean Δlogp {rp.row_text(lead, unit=' nats')}; the "
