@@ -50,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--framework", default="auto", choices=FRAMEWORK_CHOICES)
     ap.add_argument("--placebo", help="a placebo run's folder, laid out as RUN_DIR")
     ap.add_argument("--steps", help="only these steps, e.g. 100,200,400")
+    ap.add_argument("--main-step", type=int,
+                    help="--framework hub: the step of the main branch (the final model)")
     ap.add_argument("--like", default="tulu3", help="copy the other sections from this suite")
     ap.add_argument("--convert-to", help="where conversions go (default: the cache's runs/NAME)")
     ap.add_argument("--dtype", default="keep", choices=("keep", "bfloat16", "float32"))
@@ -60,8 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def hub_found(repo: str) -> tuple[list[Found], list[Skipped]]:
-    """The ``step_N`` branches of a hub model (offline: refused with the hint)."""
+def hub_found(repo: str, main_step: Optional[int] = None) -> tuple[list[Found], list[Skipped]]:
+    """The ``step_N`` branches of a hub model, and ``main`` at ``main_step`` when given
+    (offline: refused with the hint)."""
     from rlprobe_nb.suite import models
 
     try:
@@ -77,15 +80,21 @@ def hub_found(repo: str) -> tuple[list[Found], list[Skipped]]:
         if m:
             found.append(Found(int(m.group(1)), f"hub branch {b}", Path(repo), "hub",
                                extra={"id": repo, "revision": b}))
-    others = [b for b in branches if not re.fullmatch(r"step_(\d+)", b)]
-    skipped = [Skipped(Path(f"{repo}@{b}"), "not a step_N branch (its step is unknown)")
+    if main_step is not None and "main" in branches:
+        found.append(Found(main_step, "main branch at --main-step", Path(repo), "hub",
+                           extra={"id": repo, "revision": "main"}))
+    others = [b for b in branches if not re.fullmatch(r"step_(\d+)", b)
+              and not (b == "main" and main_step is not None)]
+    skipped = [Skipped(Path(f"{repo}@{b}"), "not a step_N branch (its step is unknown; for "
+                       "main, give it with --main-step)")
                for b in others]
     return sorted(found, key=lambda f: f.step), skipped
 
 
-def find(run_dir: str, framework: str) -> tuple[str, list[Found], list[Skipped]]:
+def find(run_dir: str, framework: str, main_step: Optional[int] = None):
+    """(framework, checkpoints found, incomplete saves skipped)."""
     if framework == "hub":
-        return "hub", *hub_found(run_dir)
+        return "hub", *hub_found(run_dir, main_step)
     run = Path(run_dir).expanduser().resolve()
     fw = choose_framework(run, framework)
     return fw, *enumerate_run(run, fw)
@@ -137,7 +146,8 @@ def _adapter_base(f: Found) -> Optional[str]:
     return None
 
 
-def print_plan(rows: list[tuple[str, Found]], skipped: list[Skipped], out=sys.stdout) -> None:
+def print_plan(rows: list[tuple[str, Found]], skipped: list[Skipped], out=None) -> None:
+    out = out or sys.stdout
     print(f"{'checkpoint':<22} {'step':>7}  {'weights':<12} action / step from", file=out)
     for name, f in rows:
         print(f"{name:<22} {f.step:>7}  {f.weights:<12} {run_convert.action(f, {})}", file=out)
@@ -163,7 +173,7 @@ def spec_of(f: Found, out: Optional[Path], ref_name: str) -> dict:
 
 
 def discover(args) -> dict:
-    framework, found, skipped = find(args.run_dir, args.framework)
+    framework, found, skipped = find(args.run_dir, args.framework, args.main_step)
     runs = {"rlvr": select(found, args.steps, args.run_dir)}
     if args.placebo:
         _, placebo, p_skipped = find(args.placebo, framework if framework != "hub" else "hub")
