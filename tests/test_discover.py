@@ -191,10 +191,11 @@ def test_hub_branches_write_the_tulu3_checkpoints(fx, env, monkeypatch):
 
 
 def test_every_load_of_a_run_file_is_weights_only():
-    for module in ("convert_fsdp", "convert_states", "run_convert", "trainer_layouts",
-                   "import_rollouts"):
-        path = REPO / "rlprobe_nb" / "suite" / f"{module}.py"
-        text = path.read_text() if path.is_file() else ""
+    for module in ("suite/convert_fsdp", "suite/convert_states", "suite/run_convert",
+                   "suite/trainer_layouts", "generation/import_rollouts"):
+        path = REPO / "rlprobe_nb" / f"{module}.py"
+        assert path.is_file(), path
+        text = path.read_text()
         assert "weights_only=False" not in text and "import pickle" not in text
         calls = re.findall(r"torch\.load\([^)]*\)", text)
         assert all("weights_only=True" in c for c in calls), (module, calls)

@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
-from rlprobe_nb.suite import discover, import_rollouts, models, params
+from rlprobe_nb.generation import import_rollouts
+from rlprobe_nb.suite import discover, models, params
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None,

@@ -14,7 +14,8 @@ import yaml
 
 from rlprobe_nb import forcing
 from rlprobe_nb.demo.tiny import tiny_llama, tiny_tokenizer
-from rlprobe_nb.suite import import_rollouts, prompting
+from rlprobe_nb.generation import import_rollouts
+from rlprobe_nb.suite import prompting
 from rlprobe_nb.tables import schemas, storage
 
 PROBLEMS = {"What is $2 + 3$?": "5", "What is $7 \\times 6$?": "42"}
