@@ -199,3 +199,38 @@ def test_every_load_of_a_run_file_is_weights_only():
         assert "weights_only=False" not in text and "import pickle" not in text
         calls = re.findall(r"torch\.load\([^)]*\)", text)
         assert all("weights_only=True" in c for c in calls), (module, calls)
+
+
+def test_hf_weights_without_a_tokenizer_get_the_references(fx, env):
+    """An HF folder saved without its tokenizer (as DeepSpeed-Chat saves) becomes links to
+    its weights beside the reference's tokenizer files; the run folder stays as it was."""
+    run_dir = env / "orl"
+    hf = run_dir / "global_step1_hf"
+    shutil.copytree(fx["runs"] / "openrlhf" / "global_step1_hf", hf,
+                    ignore=shutil.ignore_patterns("tokenizer*", "chat_template*"))
+    before = tree(run_dir)
+    args = discover.parse_args([str(run_dir), "--name", "t_shim", "--reference", str(fx["ref"]),
+                                "--like", "demo"])
+    discover.discover(args)
+    spec = params.load("t_shim").model_spec("rlvr_step_1")
+    shim = Path(spec["path"])
+    assert (shim / "model.safetensors").resolve() == (hf / "model.safetensors").resolve()
+    assert (shim / "tokenizer.json").read_bytes() == (fx["ref"] / "tokenizer.json").read_bytes()
+    assert_same(load_file(shim / "model.safetensors"), fx["steps"][1])
+    assert tree(run_dir) == before
+
+
+def test_verl_megatron_with_hf_weights_is_used_as_it_is(fx, env):
+    actor = env / "meg" / "global_step_2" / "actor"
+    shutil.copytree(fx["runs"] / "trl" / "checkpoint-2", actor / "model" / "huggingface",
+                    ignore=shutil.ignore_patterns("trainer_state.json"))
+    (actor / "model" / "dist_ckpt").mkdir()
+    (actor / "ckpt_contents.json").write_text('{"global_step": 2}')
+    unfinished = env / "meg" / "global_step_3" / "actor"
+    shutil.copytree(actor / "model", unfinished / "model")  # no ckpt_contents.json yet
+    out = discover.discover(discover.parse_args([str(env / "meg"), "--name", "t_meg",
+                                                 "--reference", str(fx["ref"]), "--like", "demo"]))
+    assert params.load("t_meg").model_spec("rlvr_step_2")["path"] == str(actor / "model" / "huggingface")
+    assert out["record"]["checkpoints"]["rlvr_step_2"]["step_source"] == \
+        "folder name global_step_2 = ckpt_contents.json global_step 2"
+    assert [s["folder"] for s in out["record"]["skipped"]] == [str(unfinished)]
