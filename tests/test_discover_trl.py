@@ -5,6 +5,7 @@ saved, and the run's own completions are forced by checkpoint 1 against the refe
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -105,3 +106,14 @@ def test_the_runs_own_completions_are_forced(grpo, env):
         batch_tokens=512))
     assert len(tokens) == sum(len(r) for r in rollouts.response_ids)
     assert (tokens.kl_ckpt_ref > 0).all()
+    # the trainer's KL at step 2 (computed from checkpoint 1's weights) beside the exact one
+    from rlprobe_nb.divergence import trainer_kl
+
+    log = trainer_kl.trl_log(grpo / "full")
+    assert log.step.tolist() == [1, 2] and log.kl.iloc[0] == 0.0  # step 1: the reference itself
+    row = trainer_kl.beside(log, tokens, 1, 1.0, "TRL").iloc[0]
+    history = json.loads((grpo / "full" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert row.logged_kl == [h["kl"] for h in history["log_history"] if h["step"] == 2][0] > 0
+    assert row.exact_kl_ckpt_ref == pytest.approx(tokens.kl_ckpt_ref.mean())
+    assert "before update 2" in row.note and "KL(π‖ref)" in row.note
+    assert "not comparable" in trainer_kl.beside(log, tokens, 1, 0.7, "TRL").iloc[0].note
