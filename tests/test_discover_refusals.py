@@ -140,3 +140,12 @@ def test_an_unknown_layout_and_the_command_line(env, ref, capsys):
     assert str(env / "run") in msg and "--framework folders" in msg
     assert discover.main([str(env / "run"), "--name", "x", "--reference", str(ref)]) == 2
     assert "no known layout" in capsys.readouterr().err
+
+
+def test_a_suite_the_book_would_refuse_is_not_left_behind(env, ref):
+    ckpt = env / "run" / "checkpoint-1"
+    shutil.copytree(ref, ckpt)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    msg = refused(env / "run", ref, "--reference-name", "rlvr_step_1")
+    assert str(env / "params" / "x") in msg and "is also a model" in msg
+    assert not (env / "params" / "x").exists()

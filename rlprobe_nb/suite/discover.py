@@ -121,14 +121,14 @@ def check(found: list[Found], ref_dir: Optional[Path], args) -> None:
     for f in found:
         if f.refuse or f.weights == "hub":
             continue
-        if args.tokenizer_from == "reference" and f.weights == "hf":
-            f.tokenizer_dir = None
+        if args.tokenizer_from == "reference":
+            f.tokenizer_dir = None  # the converted or linked folder gets the reference's
         hint = f.extra.get("reference_hint") or _adapter_base(f)
         if hint and str(hint) != args.reference:
             f.notes.append(f"the run names {hint} as its model; --reference is {args.reference} "
                            "(kept: check that they are the same model)")
         run_checks.check_architecture(f, ref_dir)
-        if not f.refuse and f.weights not in ("peft", "peft_bin"):
+        if not f.refuse:
             tokenizers.check(f)
         if not f.refuse and f.weights == "fsdp_shards" and has_lora(f.extra["shards"]):
             try:
@@ -137,6 +137,8 @@ def check(found: list[Found], ref_dir: Optional[Path], args) -> None:
                 f.refuse = str(exc)
                 continue
             f.extra.update(lora=True, lora_r=r, lora_alpha=alpha)
+            f.notes.append("LoRA: only the adapter is kept; the shards' base weights are taken "
+                           "to be the reference's (not compared)")
 
 
 def _adapter_base(f: Found) -> Optional[str]:

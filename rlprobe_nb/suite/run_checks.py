@@ -108,7 +108,9 @@ class TokenizerCheck:
 
     def check(self, f: Found) -> None:
         if f.tokenizer_dir is None:
-            f.notes.append("no tokenizer saved: the reference's is used")
+            if f.weights not in ("peft", "peft_bin"):  # an adapter uses its base's anyway
+                f.notes.append("no tokenizer here (or --tokenizer-from reference): the "
+                               "reference's is used")
             return
         if self.ref is None:
             f.notes.append("tokenizer not checked (the reference's files are not reachable)")

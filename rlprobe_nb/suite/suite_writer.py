@@ -8,6 +8,7 @@ is refused here."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import yaml
@@ -50,6 +51,7 @@ def write(name: str, entries: list[dict], reference: tuple[str, dict], like: str
              **_like_sections(like, {ref_name} | {e["name"] for e in entries})}
     head = (f"# Written by python -m rlprobe_nb.suite.discover ({RECORD} beside this file says "
             f"what was found).\n# Sections below 'models' are copied from params/{like}.\n")
+    existed = folder.exists()
     with atomic_folder(folder) as tmp:
         (tmp / "suite.yaml").write_text(head + yaml.safe_dump(suite, sort_keys=False))
         for e in entries:
@@ -59,7 +61,12 @@ def write(name: str, entries: list[dict], reference: tuple[str, dict], like: str
             (tmp / f"{e['name']}.yaml").write_text(
                 f"# {e['comment']}\n" + yaml.safe_dump(body, sort_keys=False))
         (tmp / RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")
-    validate(name)
+    try:
+        validate(name)
+    except DiscoverError:
+        if not existed:  # leave no suite the book would refuse
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     return folder
 
 
