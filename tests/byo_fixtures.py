@@ -153,8 +153,16 @@ def build(root: Path) -> dict:
     _hf(runs / "openrlhf" / "global_step1_hf", work, steps[1], tok)
     ds = runs / "openrlhf" / "_actor" / "global_step2"
     ds.mkdir(parents=True)
-    torch.save({"module": {f"model.{k}": v for k, v in steps[2].items()}, "ds_version": "0.19.8",
-                "global_steps": 2}, ds / "mp_rank_00_model_states.pt")
+    module = {f"model.{k}": v for k, v in steps[2].items()}
+    from collections import OrderedDict  # the other keys DeepSpeed's engine saves beside it
+    torch.save({"module": module, "buffer_names": [], "optimizer": None,
+                "param_shapes": [OrderedDict((k, v.shape) for k, v in module.items())],
+                "frozen_param_shapes": None, "shared_params": {}, "frozen_param_fragments": None,
+                "lr_scheduler": {"last_epoch": 2}, "sparse_tensor_module_names": set(),
+                "skipped_steps": 0, "global_steps": 2, "global_samples": 16,
+                "dp_world_size": 2, "mp_world_size": 1, "ds_config": {"zero_optimization":
+                {"stage": 2}, "bf16": {"enabled": False}}, "ds_version": "0.19.8"},
+               ds / "mp_rank_00_model_states.pt")
     (runs / "openrlhf" / "_actor" / "latest").write_text("global_step2")
     # open-instruct: step_1, step_2 finished, step_3 without its marker
     for s in (1, 2, 3):

@@ -234,3 +234,18 @@ def test_verl_megatron_with_hf_weights_is_used_as_it_is(fx, env):
     assert out["record"]["checkpoints"]["rlvr_step_2"]["step_source"] == \
         "folder name global_step_2 = ckpt_contents.json global_step 2"
     assert [s["folder"] for s in out["record"]["skipped"]] == [str(unfinished)]
+
+
+@pytest.mark.parametrize("layout", ["verl", "verl_fsdp1"])
+def test_the_shards_are_real_and_uneven(fx, layout):
+    """The fixture's shard files are DTensor shards of a 2-rank job, the embedding split
+    unevenly (an odd vocabulary), so the merge is checked where ranks differ."""
+    from rlprobe_nb.suite.convert_fsdp import open_shards
+
+    actor = fx["runs"] / layout / "global_step_1" / "actor"
+    states = open_shards(sorted(actor.glob("model_world_size_2_rank_*.pt")))
+    embed = [s["model.embed_tokens.weight"] for s in states]
+    assert all(type(e).__name__ == "DTensor" for e in embed)
+    rows = [e._local_tensor.shape[0] for e in embed]
+    assert rows[0] != rows[1] and sum(rows) == embed[0].shape[0] == fx["steps"][1][
+        "model.embed_tokens.weight"].shape[0]

@@ -119,6 +119,9 @@ def check(found: list[Found], ref_dir: Optional[Path], args) -> None:
     """Architecture, tokenizer and LoRA scale of every checkpoint, before any weights load."""
     tokenizers = run_checks.TokenizerCheck(ref_dir)
     for f in found:
+        if f.weights == "hub":
+            f.notes.append("a hub revision: its architecture and tokenizer are checked when "
+                           "the book loads it")
         if f.refuse or f.weights == "hub":
             continue
         if args.tokenizer_from == "reference":
