@@ -249,3 +249,15 @@ def test_the_shards_are_real_and_uneven(fx, layout):
     rows = [e._local_tensor.shape[0] for e in embed]
     assert rows[0] != rows[1] and sum(rows) == embed[0].shape[0] == fx["steps"][1][
         "model.embed_tokens.weight"].shape[0]
+
+
+def test_tied_weights_are_written_apart(tmp_path):
+    """A state dict whose head is its embedding (tie_word_embeddings, kept shared through
+    torch.save) is written with both tensors, equal."""
+    from rlprobe_nb.suite.convert_fsdp import write_safetensors
+
+    embed = torch.randn(5, 3)
+    files = write_safetensors(iter([("model.embed_tokens.weight", embed),
+                                    ("lm_head.weight", embed)]), tmp_path)
+    got = load_file(files[0])
+    assert torch.equal(got["lm_head.weight"], embed) and torch.equal(got["model.embed_tokens.weight"], embed)

@@ -149,3 +149,4 @@ def test_a_suite_the_book_would_refuse_is_not_left_behind(env, ref):
     msg = refused(env / "run", ref, "--reference-name", "rlvr_step_1")
     assert str(env / "params" / "x") in msg and "is also a model" in msg
     assert not (env / "params" / "x").exists()
+

@@ -107,8 +107,13 @@ def write_safetensors(items, out: Path, prefix: str = "model",
             groups.append((name, list(group)))
         group, size = {}, 0
 
+    seen: set[int] = set()
     for key, tensor in items:
         tensor = tensor.to(cast) if cast is not None else tensor
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in seen:  # tied weights (embedding = head): safetensors refuses shared memory
+            tensor = tensor.clone()
+        seen.add(ptr)
         nbytes = tensor.numel() * tensor.element_size()
         if group and size + nbytes > SHARD_BYTES:
             flush()
