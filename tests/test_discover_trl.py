@@ -61,6 +61,10 @@ def test_full_weights_are_used_as_saved(grpo, env):
     from transformers import AutoModelForCausalLM
 
     P = suite_of(grpo, "full", "g_full")
+    record = json.loads((env / "params" / "g_full" / "discovered.json").read_text())
+    dumps = record["rollout_dumps"]
+    assert [Path(p).name for p in dumps[next(k for k in dumps if k.startswith("completions"))]] \
+        == ["completions_00001.parquet", "completions_00002.parquet"]
     assert P.checkpoints == ["rlvr_step_1", "rlvr_step_2"] and P.reference == "initial"
     for name, step in (("rlvr_step_1", 1), ("rlvr_step_2", 2)):
         saved = AutoModelForCausalLM.from_pretrained(grpo / "full" / f"checkpoint-{step}")

@@ -165,6 +165,21 @@ def print_plan(rows: list[tuple[str, Found]], skipped: list[Skipped], out=None) 
         print(f"skipped {s.folder}: {s.why}", file=out)
 
 
+def dumps_and_logs(run_dir: str, framework: str, rows) -> dict[str, list[str]]:
+    """What else the run folder holds for the book: TRL's completion dumps (import them with
+    python -m rlprobe_nb.generation.import_rollouts) and the trainer's logs."""
+    found: dict[str, list[str]] = {}
+    if framework == "trl":
+        dumps = sorted(Path(run_dir).glob("completions/completions_*.parquet"))
+        if dumps:
+            found["completions (python -m rlprobe_nb.generation.import_rollouts)"] = \
+                [str(p) for p in dumps]
+        states = [str(f.extra["trainer_state"]) for _, f in rows if "trainer_state" in f.extra]
+        if states:
+            found["trainer logs (divergence.trainer_kl.trl_log)"] = states[-1:]
+    return found
+
+
 def spec_of(f: Found, out: Optional[Path], ref_name: str) -> dict:
     if f.weights == "hub":
         return {"kind": "hub", "id": f.extra["id"], "revision": f.extra["revision"]}
@@ -202,7 +217,10 @@ def discover(args) -> dict:
     record = {"framework": framework, "run_dir": args.run_dir, "placebo_dir": args.placebo,
               "reference": args.reference, "step_meaning": STEP_MEANING[framework],
               "checkpoints": {}, "skipped": [{"folder": str(s.folder), "why": s.why}
-                                             for s in skipped]}
+                                             for s in skipped],
+              "rollout_dumps": dumps_and_logs(args.run_dir, framework, rows)}
+    for kind, files in record["rollout_dumps"].items():
+        print(f"{kind}: {len(files)} file(s), e.g. {files[0]}")
     if args.dry_run:
         return {"plan": rows, "record": record}
     return _convert_and_write(args, rows, ref_spec, ref_dir, record, framework)
