@@ -17,4 +17,6 @@
   disagreement_charts    its charts
   charts                 the chapter's charts, from aggregated tables
   narrative              the chapter's sentences, from aggregated tables (via reporting)
+  trainer_kl             a trainer's logged KL (TRL log_history, verl's file logger) beside
+                         the exact KL of the same checkpoint on its own imported samples
 """

@@ -7,4 +7,6 @@ how a problem becomes a prompt.
   gguf_cache   a GGUF model converted once to a local safetensors copy
   tokenizers   what two models must share to be compared token by token
   prompting    the chat prompt of a problem
+  discover     a trainer's run folder -> a suite (run_layouts, trainer_layouts, run_checks,
+               run_convert with convert_fsdp and convert_states, suite_writer)
 """
