@@ -285,9 +285,12 @@ def takeover_generate(ref, ckpt, requests: Sequence[Request], eos: Sequence[int]
     if temperature < 0 or max_new_tokens < 1:
         raise ValueError(f"need temperature >= 0 and max_new_tokens >= 1, got "
                          f"{temperature}, {max_new_tokens}")
-    for req in requests:
-        if not req.prompt or not req.rules:
-            raise ValueError("each request needs a prompt and at least one rule")
+    for i, req in enumerate(requests):
+        if not req.prompt:
+            raise ValueError(f"request {i} has an empty prompt: give it the prompt's token ids")
+        if not req.rules:
+            raise ValueError(f"request {i} has no rules: give it at least one Rule "
+                             f"(NEVER and ALWAYS are the two ends)")
         for rule in req.rules:
             criteria.check_rule(rule)
     length = max(len(r.prompt) for r in requests) + max_new_tokens
