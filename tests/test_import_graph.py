@@ -15,7 +15,7 @@ functions alike, with ``ast``; nothing is imported to check):
   stages      problems <- generation <- forcing <- divergence <- spikes <- render and
               counterfactuals: each imports foundation, base, helpers and earlier stages;
               render and counterfactuals are siblings (chapters 06-07 and 08) and neither
-              imports the other
+              imports the other; takeover (09) comes after counterfactuals
   book        runs the notebooks (book, book_runs), starts their kernels (kernels) and writes their
               pages and the index (pages/): may import anything but demo/
   demo/       the demo suite's own code (its GRPO run, tiny stand-ins): may import anything,
@@ -37,7 +37,7 @@ FOUNDATION = {"suite", "tables"}
 HELPERS = {"views", "distributed"}
 RUNNER = {"book", "book_runs", "kernels", "pages"}
 STAGES = {"problems": 1, "generation": 2, "forcing": 3, "divergence": 4, "spikes": 5,
-          "render": 6, "counterfactuals": 6}
+          "render": 6, "counterfactuals": 6, "takeover": 7}
 
 
 def module_name(path: Path) -> str:

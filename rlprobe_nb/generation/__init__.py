@@ -5,5 +5,4 @@
   fused_projections  q/k/v and gate/up projections as one product each (CUDA)
   decoding           the decode loop: slots refilled as sequences end, CUDA graphs
   rollouts           answers and rollouts tables, graded, with failure types
-  import_rollouts    a trainer's rollout dump (verl, TRL, open-instruct) as a rollouts table
 """
