@@ -192,7 +192,7 @@ def test_hub_branches_write_the_tulu3_checkpoints(fx, env, monkeypatch):
 
 def test_every_load_of_a_run_file_is_weights_only():
     for module in ("suite/convert_fsdp", "suite/convert_states", "suite/run_convert",
-                   "suite/trainer_layouts", "problems/import_rollouts"):
+                   "suite/trainer_layouts", "import_rollouts"):
         path = REPO / "rlprobe_nb" / f"{module}.py"
         assert path.is_file(), path
         text = path.read_text()

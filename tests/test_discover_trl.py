@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from rlprobe_nb.problems import import_rollouts
+from rlprobe_nb import import_rollouts
 from rlprobe_nb.suite import discover, models, params
 
 REPO = Path(__file__).resolve().parents[1]

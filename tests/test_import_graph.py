@@ -17,7 +17,8 @@ functions alike, with ``ast``; nothing is imported to check):
               render and counterfactuals are siblings (chapters 06-07 and 08) and neither
               imports the other; takeover (09) comes after counterfactuals
   book        runs the notebooks (book, book_runs), starts their kernels (kernels) and writes their
-              pages and the index (pages/): may import anything but demo/
+              pages and the index (pages/); import_rollouts, a command that turns a trainer's
+              dump into a rollouts table: may import anything but demo/
   demo/       the demo suite's own code (its GRPO run, tiny stand-ins): may import anything,
               and only itself imports it
 """
@@ -35,7 +36,7 @@ PACKAGE = "rlprobe_nb"
 BASE = {"progress", "statistics", "readable", "reporting", "(init)"}
 FOUNDATION = {"suite", "tables"}
 HELPERS = {"views", "distributed"}
-RUNNER = {"book", "book_runs", "kernels", "pages"}
+RUNNER = {"book", "book_runs", "kernels", "pages", "import_rollouts"}
 STAGES = {"problems": 1, "generation": 2, "forcing": 3, "divergence": 4, "spikes": 5,
           "render": 6, "counterfactuals": 6, "takeover": 7}
 

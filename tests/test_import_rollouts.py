@@ -14,7 +14,7 @@ import yaml
 
 from rlprobe_nb import forcing
 from rlprobe_nb.demo.tiny import tiny_llama, tiny_tokenizer
-from rlprobe_nb.problems import import_rollouts
+from rlprobe_nb import import_rollouts
 from rlprobe_nb.suite import prompting
 from rlprobe_nb.tables import schemas, storage
 

@@ -7,7 +7,7 @@ computed on the reference's samples and estimates KL(ref‖ckpt)). The value log
 N+1 is computed before update N+1, from the weights saved as checkpoint N, on logits divided
 by the sampling temperature. Its exact counterpart in the book is the token mean of
 ``kl_ckpt_ref`` over checkpoint N's own samples (the run's dump N+1, imported with
-``problems.import_rollouts`` and forced), at T = 1.
+``import_rollouts`` and forced), at T = 1.
 """
 
 from __future__ import annotations

@@ -5,5 +5,4 @@
   grading       math-verify grading of a model's answer, never executing model text
   grading_pool  worker processes with a per-answer wall-clock limit
   filtering     pass rates, the selection rule, a control group, a paired test
-  import_rollouts  a trainer's rollout dump (verl, TRL, open-instruct) as a rollouts table
 """

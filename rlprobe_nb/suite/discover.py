@@ -167,12 +167,12 @@ def print_plan(rows: list[tuple[str, Found]], skipped: list[Skipped], out=None) 
 
 def dumps_and_logs(run_dir: str, framework: str, rows) -> dict[str, list[str]]:
     """What else the run folder holds for the book: TRL's completion dumps (import them with
-    python -m rlprobe_nb.problems.import_rollouts) and the trainer's logs."""
+    python -m rlprobe_nb.import_rollouts) and the trainer's logs."""
     found: dict[str, list[str]] = {}
     if framework == "trl":
         dumps = sorted(Path(run_dir).glob("completions/completions_*.parquet"))
         if dumps:
-            found["completions (python -m rlprobe_nb.problems.import_rollouts)"] = \
+            found["completions (python -m rlprobe_nb.import_rollouts)"] = \
                 [str(p) for p in dumps]
         states = [str(f.extra["trainer_state"]) for _, f in rows if "trainer_state" in f.extra]
         if states:

@@ -1,7 +1,7 @@
 """A trainer's rollout dump -> the book's rollouts table (``schemas.ROLLOUTS``), graded by
 the book's grader, plus the problems it holds as a MATH-schema JSONL file.
 
-    python -m rlprobe_nb.problems.import_rollouts DUMP --suite NAME [--format auto|verl|trl|
+    python -m rlprobe_nb.import_rollouts DUMP --suite NAME [--format auto|verl|trl|
         open-instruct] [--problems FILE] [--model NAME] [--temperature T] [--out DIR]
 
 Formats (README "Bring your own run"):
@@ -186,7 +186,7 @@ def write(df: pd.DataFrame, problems: pd.DataFrame, out: Path, stem: str) -> tup
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rlprobe_nb.problems.import_rollouts",
+    ap = argparse.ArgumentParser(prog="python -m rlprobe_nb.import_rollouts",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("dump", type=Path)
     ap.add_argument("--suite", required=True, help="the suite whose reference tokenizer, "
