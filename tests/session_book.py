@@ -55,6 +55,8 @@ def small_demo_params(root: Path) -> Path:
                           max_rollouts=12)
     cfg["counterfactuals"].update(n=2, max_points=2, positive_points=2, grid_points=3,
                                   case_studies=1)
+    cfg["takeover"].update(checkpoints=None, n_problems=6, budgets=[0.05, 0.2],
+                           max_new_tokens=40)
     suite_file.write_text(yaml.safe_dump(cfg))
     return root
 

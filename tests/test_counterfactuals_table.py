@@ -10,7 +10,7 @@ from tiny_models import tiny_llama
 
 from rlprobe_nb.counterfactuals import table
 from rlprobe_nb.problems import grading
-from rlprobe_nb.suite import models, params, prompting
+from rlprobe_nb.suite import models, params, paths, prompting
 from rlprobe_nb.tables import lineage, storage
 
 
@@ -72,7 +72,7 @@ def test_written_keyed_reused_and_refused_when_stale(suite, tiny):
     first = run(suite, tiny)
     assert len(first) == len(suite["plan"]) and set(first.kind) == {"point", "grid"}
     assert (first.n == 2).all() and first.seeds.map(len).eq(2).all()
-    assert not table.paths.table_dir("demo", "branches_shards").exists()  # shards folded in
+    assert not paths.table_dir("demo", "branches_shards").exists()  # shards folded in
     again = run(suite, tiny, loader=never)  # same inputs: reused
     pd.testing.assert_frame_equal(again, first)
     with pytest.raises(storage.StaleTableError, match="sampling"):  # other sampling: refused
@@ -100,7 +100,7 @@ def test_an_interrupted_run_resumes_from_its_shards(suite, tiny, monkeypatch):
     monkeypatch.setattr(table, "pass_counts", flaky)
     with pytest.raises(KeyboardInterrupt):
         run(suite, tiny)
-    assert not storage.is_complete(table.paths.table_dir("demo", "branches"))
+    assert not storage.is_complete(paths.table_dir("demo", "branches"))
     done = len(calls)
     out = run(suite, tiny)
     assert len(calls) - done == 2, "only the two unfinished shards are computed again"

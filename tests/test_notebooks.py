@@ -142,7 +142,7 @@ def shown_outputs(path) -> str:
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("stem", ["04_divergence", "05_spikes",
                                   "06_case_studies",
-                                  "08_counterfactuals"])
+                                  "08_counterfactuals", "09_takeover"])
 def test_an_executed_chapter_shows_no_nan(small_book, stem):
     text = shown_outputs(small_book["figures"] / f"{stem}.ipynb")
     found = [text[max(0, m.start() - 120):m.end() + 40] for m in BAD_OUTPUT.finditer(text)]
@@ -187,6 +187,33 @@ def test_chapter_08_branches_prints_its_cost_first_and_writes_a_keyed_table(smal
     monkeypatch.setenv("RLPROBE_PARAMS", small_book["env"]["RLPROBE_PARAMS"])
     from rlprobe_nb.tables import lineage
     assert len(lineage.read_derived(params.load("demo"), "branches")) == len(branches)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_chapter_09_prints_its_cost_first_and_its_ends_match_each_model_alone(small_book,
+                                                                             monkeypatch):
+    """09 says what it will write before writing; its table holds every rule of every
+    checkpoint for every problem; the "never" rule is the same text for every checkpoint
+    (the reference alone, same seeds) and no takeover happened in it, "always" took over
+    everywhere; the finding is written at the top."""
+    figures, data = small_book["figures"], small_book["data"]
+    assert (figures / "09_takeover.html").exists(), small_book["log"][-3000:]
+    text = outputs(figures / "09_takeover.ipynb")
+    assert text.index("to write:") < text.index("written and graded"), "cost before sampling"
+    take = storage.read_table(data / "takeover")
+    per = take.groupby(["checkpoint", "problem_id"]).size()
+    assert per.nunique() == 1 and per.iloc[0] == 2 + 4 * 2  # ends + 4 criteria x 2 budgets
+    never = take[take.criterion == "never"]
+    assert never.groupby("problem_id").response.nunique().max() == 1
+    assert (never.taken.map(len) == 0).all()
+    always = take[take.criterion == "always"]
+    assert (always.taken.map(len) == always.n_tokens).all()
+    assert "finding is written here" not in text.split("to write:")[0]
+    monkeypatch.setenv("RLPROBE_OUT", small_book["env"]["RLPROBE_OUT"])
+    monkeypatch.setenv("RLPROBE_PARAMS", small_book["env"]["RLPROBE_PARAMS"])
+    from rlprobe_nb.tables import lineage
+    assert len(lineage.read_derived(params.load("demo"), "takeover")) == len(take)
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ import pandas as pd
 
 from rlprobe_nb import distributed
 from rlprobe_nb.counterfactuals.passes import pass_counts, with_prefix_len
-from rlprobe_nb.suite import models, paths
+from rlprobe_nb.suite import models
 from rlprobe_nb.suite.params import Params
 from rlprobe_nb.tables import keys, lineage, schemas, storage
 
@@ -112,14 +112,10 @@ def run_branches(P: Params, plan: pd.DataFrame, rollouts: pd.DataFrame, gold: di
     A complete table with the same key (``settings`` + the current token tables) is
     reused; one with another key is refused unless ``overwrite``."""
     plan = with_prefix_len(plan)
-    folder = paths.table_dir(P.suite, "branches")
-    key = lineage.derived_key(P, "branches", settings)
-    if storage.plan_reuse(folder, key, overwrite):
-        print(f"reusing {folder}: complete, same inputs (key {keys.key_sha(key)})")
-        return lineage.read_derived(P, "branches")
-    work = storage.ShardedTable(paths.table_dir(P.suite, "branches_shards"), schemas.BRANCHES,
-                                unique=UNIQUE)
-    work.begin(key, overwrite=overwrite, what=f"({producer}, branches)")
+    done, work = lineage.begin_derived(P, "branches", settings, schemas.BRANCHES, UNIQUE,
+                                       overwrite, producer)
+    if done is not None:
+        return done
     loaded: dict = {}
 
     def run(model_name: str, part: pd.DataFrame) -> pd.DataFrame:

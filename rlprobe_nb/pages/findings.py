@@ -6,7 +6,8 @@ It says which tokens RLVR changes and from which step (chapter 05's onsets by gr
 label, the RLVR run's departures in excess of the placebo's), what the placebo run does on
 its own (05's onsets of the placebo's own departures), and whether those tokens decide the
 answer (chapter 08, through ``counterfactual_finding``: the one place that reads 08's
-result); one sentence says why 05 and 08 do not disagree. A part whose tables are not
+result); one sentence says why 05 and 08 do not disagree; then how few positions carry the
+checkpoint's gain (chapter 09's takeover headline). A part whose tables are not
 written yet is left out, and the paragraph says which chapter to run.
 """
 
@@ -22,6 +23,7 @@ SPIKES_PAGE = "05_spikes.html"
 ONSETS_AT = f"{SPIKES_PAGE}#When-each-kind-of-token-changes"
 PLACEBO_AT = ONSETS_AT  # its subsection's anchor holds a quote, which a CSS selector cannot
 BRANCHES_PAGE = "08_counterfactuals.html"
+TAKEOVER_PAGE = "09_takeover.html"
 
 
 def _a(href: str, inner: str) -> str:
@@ -121,6 +123,13 @@ def findings_html(t: headlines.Tables, P) -> str:
         parts.append(RECONCILED)
     except Exception:
         missing.append("08")
+    try:
+        nine = " ".join(headlines._takeover(t, P))
+        parts.append(f"How few tokens carry the gain? {_a(TAKEOVER_PAGE, 'Chapter 09')}: the "
+                     f"reference writes and the checkpoint takes over where it rejects the "
+                     f"reference's draw most (Δlogp). {nine}")
+    except Exception:
+        missing.append("09")
     if missing:
         parts.append(f"<i>(Chapter {', '.join(sorted(set(missing)))}: tables not written yet; "
                      "run the book to complete this paragraph.)</i>")

@@ -168,6 +168,30 @@ def _branches(t: Tables, P) -> list[str]:
     return out
 
 
+def _takeover(t: Tables, P) -> list[str]:
+    """09's answer: the two ends of the target (tagged mean correctness of the reference
+    alone and of the checkpoint alone, same seeds), then the share of positions at which
+    its Δlogp takeover recovers half and nine tenths of its gain, with random and the
+    placebo at that share (``takeover.curves.headline``, as 09 prints it)."""
+    from rlprobe_nb.takeover import curves, narrative
+
+    take = t("takeover")
+    names = list(dict.fromkeys(take.checkpoint))
+    target = P.target if P.target in names else \
+        [c for c in names if P.run_of(c) == "rlvr"][-1]
+    placebo = next((c for c in names if P.run_of(c) == "placebo"), None)
+
+    def acc(criterion: str) -> str:
+        where = {"checkpoint": target, "criterion": criterion}
+        return tagged(_where(take, where).correct.astype(float).mean(), "takeover", "mean",
+                      "correct", where, fmt="fmt")
+
+    head = curves.headline(take, target, placebo, n_boot=curves.N_BOOT, seed=P.takeover.seed)
+    lines = narrative.headline_lines(head)
+    return [f"Accuracy: the reference alone {acc('never')}, {html.escape(target)} alone "
+            f"{acc('always')} (same seeds). " + " ".join(html.escape(x) + "." for x in lines)]
+
+
 def headlines(P, pages, data_dir) -> dict[str, list[str]]:
     """Page stem -> its headline sentences (see the module doc)."""
     t = Tables(data_dir)
@@ -176,7 +200,7 @@ def headlines(P, pages, data_dir) -> dict[str, list[str]]:
         chapter = page.chapter
         jobs = {"01": lambda: _selection(t), "02": lambda: _rollouts(t), "04": lambda: _divergence(t),
                 "05": lambda: _spikes(t), "07": lambda: _viewer(t, P.checkpoints, P.reference),
-                "08": lambda: _branches(t, P)}
+                "08": lambda: _branches(t, P), "09": lambda: _takeover(t, P)}
         if chapter == "03" and page.detail:
             jobs["03"] = lambda: _forcing(t, page.detail.split()[-1], P.reference)
         if chapter not in jobs:

@@ -130,6 +130,30 @@ class CounterfactualsParams:
 
 
 @dataclass
+class TakeoverParams:
+    # Chapter 09 (rlprobe_nb.takeover): the reference writes a response, a checkpoint runs
+    # in lock-step and takes over where a criterion says. Each checkpoint costs about
+    # n_problems x samples x (1 + the distinct texts its rules write) responses through two
+    # models (rules that write the same text share it).
+    # the checkpoints that take over (null: the RLVR steps 100, 400 and the target where the
+    # suite has them, else its first, middle and last, and the target's placebo)
+    checkpoints: Optional[list[str]] = None
+    n_problems: int = 100  # the first problems of the suite's problem source
+    samples: int = 1  # responses per problem and rule (seeded per problem and sample)
+    criteria: list[str] = field(default_factory=lambda: ["delta_logp", "kl", "entropy",
+                                                         "random"])
+    # shares of positions each criterion's threshold aims at: the threshold is the criterion's
+    # (1 - budget) quantile over the checkpoint's forced positions (chapter 03's tables);
+    # the share actually taken over is measured on the texts written
+    budgets: list[float] = field(default_factory=lambda: [0.02, 0.05, 0.1, 0.2])
+    temperature: float = 0.7
+    max_new_tokens: Optional[int] = None  # None: the filtering answers' limit
+    stop_at_box: bool = True  # a response ends once it has closed a box (graded then)
+    batch_rows: int = 256  # distinct prefixes decoded at a time (not in any key)
+    seed: int = 0
+
+
+@dataclass
 class RuntimeParams:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "float32"  # float32 | bfloat16 | float16
@@ -153,6 +177,7 @@ CHOICES = {
     "model.kind": ("hub", "local", "gguf", "peft"),
     # "spikes" and divergence.ground_truth.LABELS (suite/ imports no chapter package)
     "counterfactuals.positive_pool": ("forced", "problems"),
+    "takeover.criteria": ("delta_logp", "kl", "entropy", "random"),
     "counterfactuals.point_strata": ("result_first_wrong", "operand", "operator", "other"),
     "counterfactuals.point_rule": ("spikes", "other", "format", "operator", "operand",
                                    "final_answer", "result_correct", "result_after_wrong",
@@ -179,12 +204,15 @@ RANGES = {
     "counterfactuals.batch_rows": (1, None), "counterfactuals.positive_points": (0, None),
     "counterfactuals.placebo_points": (0, None),
     "counterfactuals.continuation_tokens": (1, None),
+    "takeover.n_problems": (1, None), "takeover.samples": (1, 1000),
+    "takeover.budgets": (0.0001, 0.9999), "takeover.temperature": (0.0, 10.0),
+    "takeover.max_new_tokens": (1, None), "takeover.batch_rows": (1, None),
 }
 
 # Lists that must hold at least one value, each at most once (an empty list of
 # temperatures or groups would leave nothing to sample or force; a repeated one counts twice).
 NONEMPTY_UNIQUE = {"rollouts.temperatures", "forcing.groups", "forcing.failure_types",
-                   "counterfactuals.point_rule"}
+                   "counterfactuals.point_rule", "takeover.criteria", "takeover.budgets"}
 # Lists that may be empty but hold each value at most once (a pair listed twice would be
 # forced twice into one table).
 UNIQUE = NONEMPTY_UNIQUE | {"forcing.pairs"}
@@ -244,6 +272,7 @@ SECTIONS = {
     "rollouts": RolloutsParams,
     "forcing": ForcingParams,
     "counterfactuals": CounterfactualsParams,
+    "takeover": TakeoverParams,
     "runtime": RuntimeParams,
 }
 SUITE_KEYS = {"suite", "description", "reference", "target", "prompt_template", "models",

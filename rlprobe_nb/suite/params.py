@@ -45,6 +45,7 @@ from rlprobe_nb.suite.param_schema import (  # noqa: F401 (the schema is read th
     ProblemsParams,
     RolloutsParams,
     RuntimeParams,
+    TakeoverParams,
     build_section,
     check_model,
     check_name,
@@ -91,6 +92,7 @@ class Params:
     rollouts: RolloutsParams
     forcing: ForcingParams
     counterfactuals: CounterfactualsParams
+    takeover: TakeoverParams
     runtime: RuntimeParams
     files: list[str]
     overrides: dict[str, Any] = field(default_factory=dict)  # as given to load()

@@ -57,6 +57,7 @@ PRODUCERS = {
     "selection": "notebooks/01_filtering", "rollouts": "notebooks/02_rollouts",
     "tokens": "notebooks/03_teacher_forcing", "spikes": "notebooks/05_spikes",
     "spike_regions": "notebooks/05_spikes", "branches": "notebooks/08_counterfactuals",
+    "takeover": "notebooks/09_takeover",
 }
 UNIQUE = {
     "problems": ["problem_id"], "answers": ["model", "problem_id", "sample"],
@@ -81,6 +82,8 @@ CODE: dict[str, tuple[str, ...]] = {
     "divergence": ("divergence/*.py",) + _STATS,
     "spikes": ("spikes/*.py", "views.py") + _STATS,
     "branches": ("counterfactuals/*.py",) + _SAMPLING + MODEL_CODE + _STATS,
+    "takeover": ("takeover/lockstep.py", "takeover/criteria.py", "takeover/sweep.py",
+                 "takeover/table.py", "problems/sources.py") + _SAMPLING + MODEL_CODE,
 }
 GRADER_PACKAGES = ("math-verify", "latex2sympy2_extended")
 
@@ -364,3 +367,19 @@ def read_derived(P: params.Params, table: str) -> pd.DataFrame:
             f"{where} was computed before the token tables {missing} existed; rerun "
             f"{_producer(table, man)}")
     return read_current(P, table)[0]
+
+
+def begin_derived(P: params.Params, table: str, settings: dict, schema, unique: list[str],
+                  overwrite: bool, producer: str):
+    """A sharded derived table: (the complete table, None) when one with the same key
+    exists (said on the terminal), else (None, its begun ``<table>_shards`` work folder;
+    other inputs are refused there unless ``overwrite``)."""
+    where = folder(P, table)
+    want = derived_key(P, table, settings)
+    if storage.plan_reuse(where, want, overwrite):
+        print(f"reusing {where}: complete, same inputs (key {keys.key_sha(want)})")
+        return read_derived(P, table), None
+    work = storage.ShardedTable(folder(P, f"{table}_shards"), schema, unique=unique)
+    work.begin(want, overwrite=overwrite, what=f"({producer}, {table})")
+    return None, work
+

@@ -450,3 +450,38 @@ BRANCHES = pa.schema(
 )
 
 TABLES["branches"] = BRANCHES
+
+# --- Chapter 09, takeover ----------------------------------------------------------------
+# One row per (checkpoint, rule, problem, sample): the response written when the reference
+# writes and `checkpoint` takes over where the rule passes (rlprobe_nb.takeover.lockstep).
+# criterion "never" is the reference alone, "always" the checkpoint alone (budget and
+# threshold null); otherwise the rule takes over where the criterion's score of the
+# reference's draw is > threshold, the criterion's (1 - budget) quantile over the
+# checkpoint's forced positions. `taken`: positions (0 = first response token) where the
+# rule passed; `changed`: those where the checkpoint's draw was another token. Graded with
+# the book's grader.
+TAKEOVER = pa.schema(
+    [
+        ("suite", _str),
+        ("checkpoint", _str),
+        ("run", _str),  # rlvr | placebo
+        ("step", _i32),
+        ("criterion", _str),  # never | always | delta_logp | kl | entropy | random
+        ("budget", _f64),
+        ("threshold", _f64),
+        ("problem_id", _str),
+        ("sample", _i32),
+        ("seed", _i64),
+        ("response", _str),
+        ("response_ids", pa.list_(_i32)),
+        ("n_tokens", _i32),
+        ("finish_reason", _str),  # stop | length | box
+        ("taken", pa.list_(_i32)),
+        ("changed", pa.list_(_i32)),
+        ("extracted", _str),
+        ("correct", _bool),
+        ("temperature", _f32),
+    ]
+)
+
+TABLES["takeover"] = TAKEOVER

@@ -1,0 +1,219 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Takeover: how few tokens carry RLVR's gain?
+
+# %%
+from IPython.display import Markdown
+
+from rlprobe_nb import views
+
+FINDING = views.finding_slot()  # the chapter's finding, written here once its tables are read
+
+# %% [markdown]
+# Chapters 04–08 read the reference's own rollouts. Here the reference *writes*: it
+# answers held-out problems while a checkpoint runs in lock-step over the same text, and
+# at each position a *criterion* scores the reference's draw. Where the score passes a
+# threshold, the checkpoint's draw is written instead (both draws use the same seeded
+# noise, so where the two models agree they draw the same token); elsewhere the
+# reference's draw stands. Sweeping the threshold gives, per criterion, a curve of the
+# share of positions taken over against the accuracy reached, between two ends measured
+# from the same seeds: the reference alone and the checkpoint alone.
+#
+# Criteria: **Δlogp**, how strongly the checkpoint rejects the reference's draw
+# (log p_ref − log p_ckpt of that token: the checkpoint vetoes it); **KL**(ref‖ckpt) at
+# the position; the reference's **entropy**; and a seeded **random** coin at a matched
+# rate, the null. Every curve is drawn for three RLVR steps and for the placebo at the
+# last step (the same training with permuted rewards). The share of the checkpoint's
+# gain recovered, (acc − acc_ref) / (acc_ckpt − acc_ref), says how much of what RLVR
+# changed in the answers those few positions carry.
+
+# %%
+from typing import Optional
+
+from IPython.display import display
+
+from rlprobe_nb import reporting
+from rlprobe_nb.problems import grading
+from rlprobe_nb.problems import sources as problem_sources
+from rlprobe_nb.readable import counted
+from rlprobe_nb.suite import models, params, paths
+from rlprobe_nb.tables import provenance, suite_tables
+from rlprobe_nb.takeover import charts, curves, labels, narrative, sweep, table
+
+# %% tags=["parameters"]
+suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
+checkpoints: Optional[list[str]] = None  # the checkpoints that take over (default: takeover.checkpoints, else RLVR steps 100, 400, the target and its placebo)
+n_problems: Optional[int] = None  # the first problems of the suite's source (default: takeover.n_problems)
+samples: Optional[int] = None  # responses per problem and rule (default: takeover.samples)
+criteria: Optional[list[str]] = None  # delta_logp, kl, entropy, random (default: takeover.criteria)
+budgets: Optional[list[float]] = None  # shares of positions the thresholds aim at (default: takeover.budgets)
+temperature: Optional[float] = None  # sampling temperature (default: takeover.temperature)
+seed: Optional[int] = None  # seed of the responses (default: takeover.seed)
+n_boot: int = 1000  # bootstrap resamples of problems for every interval (the index uses 1000)
+overwrite: bool = False  # recompute tables computed from other inputs (without it they are refused, naming what changed)
+
+# %% [markdown]
+# The defaults are the suite's `takeover` section (`params/<suite>/suite.yaml`); a value
+# given here overrides it and is checked against the same ranges. Everything else is
+# derived here: the checkpoints, the problems, and each criterion's threshold per budget,
+# the criterion's (1 − budget) quantile over the checkpoint's forced positions (chapter
+# 03's token tables score every position exactly as the decoder does).
+
+# %%
+params.check_notebook_parameters(globals())
+given = {"checkpoints": checkpoints, "n_problems": n_problems, "samples": samples,
+         "criteria": criteria, "budgets": budgets, "temperature": temperature, "seed": seed}
+P = params.load(suite, overrides={f"takeover.{k}": v for k, v in given.items()})
+T = P.takeover
+CHECKPOINTS = sweep.check_checkpoints(P, T.checkpoints or sweep.default_checkpoints(P))
+TARGET = P.target if P.target in CHECKPOINTS else CHECKPOINTS[-1]
+PLACEBO = next((c for c in CHECKPOINTS if P.run_of(c) == "placebo"), None)
+PROBLEMS = problem_sources.load_problems(
+    P.problems.source, hub_id=P.problems.hub_id, config=P.problems.config,
+    split=P.problems.split, path=P.problems.path and paths.resolve(P.problems.path),
+    n=T.n_problems, seed=P.problems.seed, split_name=P.problems.split_name,
+    levels=P.problems.levels, subjects=P.problems.subjects, limit=T.n_problems)
+MAX_NEW = T.max_new_tokens or P.filtering.max_new_tokens
+TOKENS = suite_tables.read_tokens(P, [(c, P.reference) for c in CHECKPOINTS])
+THRESHOLDS = sweep.all_thresholds(TOKENS, CHECKPOINTS, T.criteria, T.budgets)
+figures = paths.figures_dir(P.suite)
+print(f"suite {P.suite!r}: the reference {P.reference!r} writes; {', '.join(CHECKPOINTS)} take "
+      f"over; {counted(len(PROBLEMS), 'problem')} x {counted(T.samples, 'sample')} at "
+      f"T = {T.temperature}, at most {MAX_NEW} new tokens; criteria {T.criteria} at budgets "
+      f"{T.budgets}")
+THRESHOLDS.pivot_table(index=["criterion", "budget"], columns="checkpoint", values="threshold")
+
+# %% [markdown]
+# ## The cost, before anything is sampled
+#
+# Each checkpoint writes, per problem and sample, one response for every rule (the two
+# ends and every criterion at every budget). Rules that write the same text share it:
+# the decoder holds a tree of distinct prefixes per request and forwards each once
+# through both models, so the cost is the distinct texts, a few per request, not the
+# rules.
+
+# %%
+n_rules = 2 + len(T.criteria) * len(T.budgets)
+n_requests = len(PROBLEMS) * T.samples
+print(f"to write: {n_requests * n_rules * len(CHECKPOINTS):,} responses "
+      f"({counted(n_requests, 'request')} x {counted(n_rules, 'rule')} x "
+      f"{counted(len(CHECKPOINTS), 'checkpoint')}), each request's rules sharing their "
+      f"common prefixes; at most {n_requests * len(CHECKPOINTS) * MAX_NEW:,} positions "
+      "through both models if no rule ever split from the reference's text")
+
+# %% [markdown]
+# ## Writing and grading
+#
+# The `takeover` table is keyed on the token tables the thresholds came from and on
+# everything else its rows depend on (models, problems, rules, samples, temperature,
+# limits, seed, grader): the same inputs reuse it, other inputs are refused unless
+# `overwrite=True`. An interrupted run resumes from its finished shards.
+
+# %%
+sampling = dict(samples=T.samples, temperature=T.temperature, max_new_tokens=MAX_NEW,
+                stop_at_box=T.stop_at_box, seed=T.seed)
+settings = table.takeover_settings(P, CHECKPOINTS, THRESHOLDS, PROBLEMS, **sampling)
+manifest = provenance.manifest(P, seeds={"seed": T.seed}, grader=grading.grader_info(),
+                               extra={"checkpoints": CHECKPOINTS})
+TAKE = table.run_takeover(P, CHECKPOINTS, THRESHOLDS, PROBLEMS,
+                          lambda name: models.load_model(name, P), settings, manifest,
+                          batch_rows=T.batch_rows, overwrite=overwrite, **sampling)
+print(f"{len(TAKE):,} responses written and graded, "
+      f"{TAKE.drop_duplicates(['checkpoint', 'problem_id', 'sample', 'response']).shape[0]:,} "
+      f"of them distinct; {reporting.fmt(TAKE.n_tokens.mean())} tokens on average")
+TAKE.groupby(["checkpoint", "criterion"]).agg(responses=("correct", "size"),
+                                              accuracy=("correct", "mean"))
+
+# %% [markdown]
+# ## The curves
+#
+# Per checkpoint and rule: the accuracy, the share of positions taken over and of those
+# changed, and the share of the checkpoint's own gain recovered, each with a 95%
+# interval over problems (resampled together for all rules and checkpoints). Where a
+# checkpoint's own gain is not above zero there is no gain to recover (the placebo's
+# row says so); `of_target` measures every rule against the target's gain instead.
+
+# %%
+CURVES = curves.curve_table(TAKE, TARGET, n_boot=n_boot, seed=T.seed)
+print("\n".join(narrative.end_lines(CURVES)))
+reporting.with_interval_text(CURVES, "recovered", "recovered_low", "recovered_high",
+                             "problems", signed=True)[
+    ["checkpoint", "criterion", "budget", "share_taken", "share_changed", "acc", "recovered",
+     "of_target"]]
+
+# %%
+display(views.show(charts.curve_chart(CURVES, "acc", title="accuracy against the share of "
+                                      "positions taken over"),
+                   save_as=figures / "09_takeover_accuracy"))
+
+# %%
+display(views.show(charts.curve_chart(CURVES[CURVES.run == "rlvr"], "recovered",
+                                      title="share of each checkpoint's gain recovered"),
+                   save_as=figures / "09_takeover_recovered"))
+
+# %% [markdown]
+# ## How few positions: the headline
+#
+# The share of positions at which Δlogp-chosen takeover by the target recovers half and
+# nine tenths of its gain (read off its curve between measured points), and at that same
+# share what random takeover recovers and what the placebo's Δlogp takeover reaches
+# (over the target's gain), each with a 95% interval over problems.
+
+# %%
+HEADLINE = curves.headline(TAKE, TARGET, PLACEBO, n_boot=n_boot, seed=T.seed)
+print("\n".join(narrative.headline_lines(HEADLINE)))
+HEADLINE
+
+# %% [markdown]
+# ## What was taken over
+#
+# Chapter 04's ground-truth label of every position where a rule changed the token (the
+# checkpoint's draw written instead of the reference's), read on the final text: are the
+# few positions that carry the gain the arithmetic the demo was built to change? RLVR
+# beside the placebo, per criterion and budget, against the base rate: the labels of
+# every position the reference writes alone.
+
+# %%
+tokenizer = models.load_tokenizer(P.reference, P)
+LABELLED = labels.changed_labels(TAKE[~TAKE.criterion.isin(["never"])], tokenizer)
+SHARES = labels.label_shares(LABELLED)
+BASE = labels.position_shares(TAKE[TAKE.criterion == "never"], tokenizer)
+print("\n".join(narrative.label_lines(SHARES, TARGET, PLACEBO, BASE)))
+SHARES
+
+# %%
+if len(SHARES):
+    display(views.show(charts.label_chart(SHARES[SHARES.checkpoint.isin([TARGET, PLACEBO])],
+                                          title="labels of the changed positions"),
+                       save_as=figures / "09_takeover_labels"))
+
+# %% [markdown]
+# ## The answer
+#
+# The sentence below is read from the tables above.
+
+# %%
+FINDING.update(Markdown(narrative.finding(HEADLINE, CURVES, SHARES, TARGET, PLACEBO)))
+print(narrative.finding(HEADLINE, CURVES, SHARES, TARGET, PLACEBO))
+
+# %% [markdown]
+# ## What the scaled run adds
+#
+# The demo sweeps a size its time allows. `params/demo_scaled` (and `params/tulu3`) run
+# the same chapter with at least 500 problems, several samples per problem and every
+# step's checkpoint, so the curves' intervals narrow and the share of positions that
+# carries the gain can be compared across training.

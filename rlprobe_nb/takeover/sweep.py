@@ -1,0 +1,77 @@
+"""What chapter 09 sweeps: which checkpoints take over, and each criterion's threshold for
+each budget.
+
+A *budget* b is a share of positions: the threshold of a criterion is its (1 - b)
+quantile over the checkpoint's forced positions (chapter 03's token tables: the
+reference's own rollouts, each position scored exactly as the decoder scores it), so at
+budget b the rule would take over about b of the positions of a text like those. The
+share it actually takes over on the texts it writes is measured, and is what the curves
+are drawn against. The random criterion's threshold is 1 - b exactly (a uniform coin).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from rlprobe_nb.suite.params import Params, ParamsError
+
+# criterion -> the token-table columns that give its score at the written token
+SCORE_OF = {
+    "delta_logp": lambda t: t.logp_ref.to_numpy(np.float64) - t.logp_ckpt.to_numpy(np.float64),
+    "kl": lambda t: t.kl_ref_ckpt.to_numpy(np.float64),
+    "entropy": lambda t: t.entropy_ref.to_numpy(np.float64),
+}
+DEFAULT_STEPS = (100, 400)  # besides the target: an early and a middle step
+
+
+def default_checkpoints(P: Params) -> list[str]:
+    """RLVR steps 100 and 400 (else the run's first and middle checkpoints), the target,
+    and the target's placebo where the suite has one."""
+    runs = P.checkpoints
+    if not runs:
+        raise ParamsError(f"suite {P.suite!r} has no RLVR checkpoint to take over")
+    by_step = {P.steps[c]: c for c in runs}
+    early = [by_step[s] for s in DEFAULT_STEPS if s in by_step] or \
+        [runs[0], runs[len(runs) // 2]]
+    chosen = list(dict.fromkeys([c for c in early if c != P.target] + [P.target]))
+    placebo = P.placebo_for(P.target) if P.target in runs else None
+    return chosen + ([placebo] if placebo else [])
+
+
+def check_checkpoints(P: Params, names: list[str]) -> list[str]:
+    known = set(P.forced)
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ParamsError(f"takeover.checkpoints: {bad} are not checkpoints of suite "
+                          f"{P.suite!r}; valid: {P.forced}")
+    return list(names)
+
+
+def thresholds(tokens: pd.DataFrame, checkpoint: str, criteria: list[str],
+               budgets: list[float]) -> pd.DataFrame:
+    """One row per (criterion, budget): the threshold, and the share of the checkpoint's
+    forced positions above it (≈ the budget; ties can make it less)."""
+    rows = tokens[tokens.checkpoint == checkpoint]
+    if rows.empty and any(c != "random" for c in criteria):
+        raise ValueError(f"no forced tokens of {checkpoint!r}: run notebook 03 for it first")
+    out = []
+    for criterion in criteria:
+        for budget in budgets:
+            if criterion == "random":
+                threshold, share = 1.0 - budget, budget
+            else:
+                score = SCORE_OF[criterion](rows)
+                threshold = float(np.quantile(score, 1.0 - budget))
+                share = float(np.mean(score > threshold))
+            out.append({"checkpoint": checkpoint, "criterion": criterion,
+                        "budget": float(budget), "threshold": threshold,
+                        "forced_share": share, "forced_positions": len(rows)})
+    return pd.DataFrame(out)
+
+
+def all_thresholds(tokens: pd.DataFrame, checkpoints: list[str], criteria: list[str],
+                   budgets: list[float]) -> pd.DataFrame:
+    """``thresholds`` of every checkpoint, one frame."""
+    return pd.concat([thresholds(tokens, c, criteria, budgets) for c in checkpoints],
+                     ignore_index=True)
