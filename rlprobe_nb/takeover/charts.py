@@ -58,7 +58,8 @@ def label_chart(shares: pd.DataFrame, title: str = "", width: int = 240):
               {"checkpoint", "run", "step", "criterion", "budget", "changed", "problems"}]
     long = shares.melt(id_vars=["checkpoint", "criterion", "budget", "changed", "problems"],
                        value_vars=labels, var_name="label", value_name="share")
-    long = long.assign(rule=long.criterion + " @ " + long.budget.map("{:g}".format))
+    long = long.assign(rule=long.criterion + long.budget.map(
+        lambda b: "" if pd.isna(b) else f" @ {b:g}"))
     return alt.Chart(long).mark_bar().encode(
         y=alt.Y("rule:N", title=None), x=alt.X("share:Q", title="share of changed positions",
                                                scale=alt.Scale(domain=[0, 1])),

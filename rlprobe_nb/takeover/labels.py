@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from rlprobe_nb import reporting, statistics
+
 from rlprobe_nb.divergence import ground_truth
+
+ARITHMETIC = ("operator", "operand", "result_correct", "result_after_wrong",
+              "result_first_wrong", "final_answer")
 
 LABELS = ground_truth.LABELS
 
@@ -50,15 +55,18 @@ def changed_labels(take: pd.DataFrame, tokenizer, which: str = "changed") -> pd.
 
 def label_shares(labelled: pd.DataFrame) -> pd.DataFrame:
     """Per (checkpoint, criterion, budget): positions changed, problems, and the share of
-    each label among them."""
+    each label among them ("always", budget empty, is every position where the
+    checkpoint's draw differs from the reference's: the base the criteria pick from)."""
     if labelled.empty:
         return pd.DataFrame()
     keys = ["checkpoint", "run", "step", "criterion", "budget"]
-    counts = labelled.groupby(keys + ["label"]).size().unstack("label", fill_value=0)
+    counts = labelled.groupby(keys + ["label"], dropna=False).size().unstack("label",
+                                                                            fill_value=0)
     counts = counts.reindex(columns=[c for c in LABELS if c in counts.columns])
     total = counts.sum(axis=1)
     shares = counts.div(total, axis=0)
-    meta = labelled.groupby(keys).agg(changed=("pos", "size"), problems=("problem_id", "nunique"))
+    meta = labelled.groupby(keys, dropna=False).agg(changed=("pos", "size"),
+                                                    problems=("problem_id", "nunique"))
     return meta.join(shares).reset_index()
 
 
@@ -69,4 +77,22 @@ def position_shares(take: pd.DataFrame, tokenizer) -> pd.Series:
     counts = pd.Series([lab for ids in texts for lab in token_labels(list(ids), tokenizer)],
                        dtype=object).value_counts()
     return (counts / counts.sum()).reindex([c for c in LABELS if c in counts.index])
+
+
+def arithmetic_share(labelled: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Per (checkpoint, criterion, budget): the share of changed positions that are
+    arithmetic (``ARITHMETIC``), with a 95% interval resampling problems (none from fewer
+    than ``reporting.fewest()`` problems)."""
+    keys = ["checkpoint", "run", "step", "criterion", "budget"]
+    rows = []
+    for key, part in labelled.groupby(keys, dropna=False):
+        est, lo, hi = statistics.cluster_bootstrap_ci(
+            part.label.isin(ARITHMETIC).to_numpy(float), part.problem_id.to_numpy(),
+            n_boot=1000, seed=seed)
+        problems = part.problem_id.nunique()
+        if problems < reporting.fewest():  # the book's rule: no interval from fewer problems
+            lo = hi = float("nan")
+        rows.append({**dict(zip(keys, key)), "share": est, "low": lo, "high": hi,
+                     "changed": len(part), "problems": problems})
+    return pd.DataFrame(rows)
 

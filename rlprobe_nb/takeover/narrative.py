@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from rlprobe_nb.readable import counted
 from rlprobe_nb.reporting import fmt, interval_text
 from rlprobe_nb.takeover.charts import NAMES
+from rlprobe_nb.takeover.labels import ARITHMETIC
 
 
 def _pct(x) -> str:
@@ -58,40 +60,42 @@ def headline_lines(head: pd.DataFrame) -> list[str]:
             for r in head.itertuples()]
 
 
-ARITHMETIC = ("operator", "operand", "result_correct", "result_after_wrong",
-              "result_first_wrong", "final_answer")
+def _arithmetic_share(r) -> str:
+    share = (_pct_interval(r.share, r.low, r.high) if pd.notna(r.low)
+             else f"{_pct(r.share)} (no interval: too few problems)")
+    return (f"{share} of {counted(int(r.changed), 'changed position')} in "
+            f"{counted(int(r.problems), 'problem')}")
 
 
-def label_lines(shares: pd.DataFrame, target: str, placebo: str | None,
+def label_lines(arithmetic: pd.DataFrame, target: str, placebo: str | None,
                 base: pd.Series | None = None) -> list[str]:
-    """Per criterion at its largest budget: the share of changed positions that are
-    arithmetic (operands, operators, results, the final answer), RLVR beside placebo, and
-    first the base rate: that share among every position the reference wrote alone."""
-    if shares.empty:
+    """The share of changed positions that are arithmetic (operands, operators, results,
+    the final answer; ``labels.arithmetic_share``), RLVR beside placebo: first the bases
+    (every position the reference writes alone; every position where the checkpoint's draw
+    differs, rule "always"), then each criterion at its smallest and largest budget."""
+    if arithmetic.empty:
         return ["no rule changed a token: nothing to label"]
-    arithmetic = [c for c in ARITHMETIC if c in shares.columns]
     out = []
     if base is not None and len(base):
-        out.append(f"base rate: arithmetic is {_pct(base.reindex(list(ARITHMETIC)).sum())} of "
-                   "every position the reference writes alone (first wrong digits "
+        out.append(f"base: arithmetic is {_pct(base.reindex(list(ARITHMETIC)).sum())} of every "
+                   "position the reference writes alone (first wrong digits "
                    f"{_pct(base.get('result_first_wrong', 0.0))})")
-    for crit in [c for c in NAMES if c in set(shares.criterion)]:
-        part = shares[shares.criterion == crit]
-        top = part[part.budget == part.budget.max()]
-        bits = []
-        for ckpt in (target, placebo):
-            row = top[top.checkpoint == ckpt]
-            if ckpt and len(row):
-                r = row.iloc[0]
-                bits.append(f"{ckpt} {_pct(r[arithmetic].sum())} of {int(r.changed)} "
-                            f"changed positions in {int(r.problems)} problems")
-        out.append(f"{NAMES[crit]} at budget {part.budget.max():g}: arithmetic (operands, "
-                   f"operators, results) {'; '.join(bits)}")
+    for crit in ["always"] + [c for c in NAMES if c in set(arithmetic.criterion)]:
+        part = arithmetic[arithmetic.criterion == crit]
+        budgets = sorted(part.budget.dropna().unique())
+        for budget in ([None] if crit == "always" else sorted({budgets[0], budgets[-1]})
+                       if budgets else []):
+            rows = part if budget is None else part[part.budget == budget]
+            bits = [f"{ckpt} {_arithmetic_share(rows[rows.checkpoint == ckpt].iloc[0])}"
+                    for ckpt in (target, placebo) if ckpt and (rows.checkpoint == ckpt).any()]
+            what = ("wherever the checkpoint's draw differs (always)" if budget is None
+                    else f"{NAMES[crit]} at budget {budget:g}")
+            out.append(f"{what}: arithmetic {'; '.join(bits)}")
     return out
 
 
-def finding(head: pd.DataFrame, curves: pd.DataFrame, shares: pd.DataFrame, target: str,
-            placebo: str | None) -> str:
+def finding(head: pd.DataFrame, curves: pd.DataFrame, arithmetic: pd.DataFrame, target: str,
+            placebo: str | None, base: pd.Series | None = None) -> str:
     """The chapter's answer in a sentence, with its numbers."""
     own = curves[(curves.checkpoint == target) & (curves.criterion == "always")]
     if own.empty or not own.iloc[0].own_gain > 0:
@@ -104,4 +108,11 @@ def finding(head: pd.DataFrame, curves: pd.DataFrame, shares: pd.DataFrame, targ
     full = head[head.level == head.level.max()].iloc[0]
     text += (f". Nine tenths takes {_pct_interval(full.share, full.share_low, full.share_high)} "
              f"of positions (95% intervals over {half.problems} problems, resampled).")
+    few = arithmetic[(arithmetic.checkpoint == target) & (arithmetic.criterion == "delta_logp")]
+    if len(few) and base is not None and len(base):
+        r = few.sort_values("budget").iloc[0]
+        text += (f" The positions Δlogp changes at its smallest budget are arithmetic "
+                 f"(operands, operators, results) at {_arithmetic_share(r)}, against "
+                 f"{_pct(base.reindex(list(ARITHMETIC)).sum())} of all positions the "
+                 "reference writes.")
     return text
