@@ -29,14 +29,19 @@ by mean length / cap). Grading (CPU, math-verify) and pages are not timed.
 Extrapolation to ``params/tulu3`` (``FULL``; the counts that only 01 can tell are stated
 assumptions), per stage on W GPUs:
 
-    T(W) = S(W) + L(W) * (t_load + t_setup) + U / (W * r_W)
+    T(W) = S(W) + L(W) * t_load + t_setup_first + (L(W) - 1) * t_setup_next + U / (W * r_W)
 
-S(W): worker start (0 on one GPU; measured: the stage's wall minus its slowest worker's
-time); L(W): model loads a worker makes in turn (01, 08: ceil(models / W); 02: 1; 03: the
-reference once plus ceil(checkpoints / W) rounds); t_load: a load from disk, t_setup: the
-first call's set-up after it (compilation, graph capture), both measured; U: the stage's
-work (tokens generated, or rows forced for every forwarded model); r_W: one worker's rate
-on W GPUs (measured at W = 1 and 2; 4 GPUs take 2's rate and loads: an extrapolation).
+S(W): worker start and the coordinator's own work (measured: the stage's wall minus its
+steps' slowest workers); L(W): model loads a worker makes in turn (01, 08: ceil(models /
+W); 02: 1); t_load: a load from disk; t_setup_first / t_setup_next: the decode engine's
+set-up after a process's first / a later load (compilation of the step, graph capture;
+the first on a fresh machine compiles cold, an upper bound for later processes, whose
+compiler cache is warm); U: the stage's work (tokens generated); r_W: one worker's rate
+on W GPUs. 03: the reference's batches shared by the W workers (one load each), then the
+checkpoints one per worker in ceil(checkpoints / W) rounds, each a load and a whole
+forward (rows / r), the layers' compilation inside r. Parameters are those measured on W
+GPUs where that run exists, else on the largest number measured (an extrapolation; the
+report names which).
 
     python benchmarks/bench_8b_cost.py prepare --models /root/m8b --only ref
     python benchmarks/bench_8b_cost.py stage gen --workers 1 --models /root/m8b --out R
@@ -335,49 +340,67 @@ def _equal(results: Path, name: str, a: int, b: int) -> dict:
 
 
 def _measured(r: dict) -> dict:
-    """One stage run's parameters for the formula: load and set-up seconds, one worker's
-    rate, worker start."""
+    """One stage run's parameters for the formula: load seconds, the set-up of a
+    process's first model and of a later one, one worker's rate, worker start."""
     facts = r["facts"]
     loads = [x for f in facts for x in f["loads"]]
     setups = [x for f in facts for x in f["setups"]]
     unit = "rows" if r["stage"] == "force" else "tokens"
     rates = []
     for f in facts:
-        work = [w for w in f["work"]]
-        if work:
-            rates.append(sum(w[unit] for w in work) / sum(w["seconds"] for w in work))
+        if f["work"]:
+            rates.append(sum(w[unit] for w in f["work"]) / sum(w["seconds"] for w in f["work"]))
     spans = {}
     for f in facts:  # each step's slowest worker
         spans[f["step"]] = max(spans.get(f["step"], 0.0), f["t_end"] - f["t_start"])
-    return {"t_load": sum(loads) / len(loads), "loads": loads,
-            "t_setup": sum(setups) / len(setups) if setups else 0.0, "setups": setups,
+    if "reference_wall_seconds" in r:  # force: the reference's step, load and forward, whole
+        spans["force-ref"] = r["reference_wall_seconds"]
+    firsts = [f["setups"][0] for f in facts if f["setups"]]
+    later = [x for f in facts for x in f["setups"][1:]]
+    return {"t_load": sum(loads) / len(loads), "loads": loads, "setups": setups,
+            "t_setup_first": max(firsts) if firsts else 0.0,
+            "t_setup_next": (sum(later) / len(later)) if later else (max(firsts) if firsts else 0.0),
             "rate_per_worker": sum(rates) / len(rates), "unit": unit,
             "start": max(0.0, r["wall_seconds"] - sum(spans.values()))}
 
 
+def _chapter(m: dict, W: int, loads: int, work: float, setups: bool = True) -> dict:
+    """T(W) = S + L * t_load + t_setup_first + (L - 1) * t_setup_next + U / (W * r), its
+    terms in seconds."""
+    setup = (m["t_setup_first"] + (loads - 1) * m["t_setup_next"]) if setups else 0.0
+    parts = {"start": m["start"], "loads": loads * m["t_load"], "setup": setup,
+             "work": work / (W * m["rate_per_worker"])}
+    return {**parts, "total": sum(parts.values())}
+
+
 def _hours(stage: str, m: dict, W: int, full: dict = FULL) -> dict:
-    """T(W) = S(W) + L(W) * (t_load + t_setup) + U / (W * r_W), per book chapter."""
+    """Per book chapter, the formula's terms (seconds) at full size on W GPUs."""
     F, cap = full, full["max_new_tokens"]
-    fixed = m["t_load"] + m["t_setup"]
-    rate = W * m["rate_per_worker"]
     if stage == "gen":
         u01 = F["problems_01"] * F["answers_per_problem_01"] * cap * F["models_01"]
         u02 = F["problems_02"] * F["rollouts_per_problem_02"] * cap
-        return {"01": m["start"] + math.ceil(F["models_01"] / W) * fixed + u01 / rate,
-                "02": m["start"] + fixed + u02 / rate}
+        return {"01": _chapter(m, W, math.ceil(F["models_01"] / W), u01),
+                "02": _chapter(m, W, 1, u02)}
     if stage == "cont":
         u = F["contexts_08"] * F["n_08"] * F["continuation_tokens_08"]
-        return {"08": m["start"] + math.ceil(F["models_08"] / W) * fixed + u / rate}
+        return {"08": _chapter(m, W, math.ceil(F["models_08"] / W), u)}
+    # 03: the reference's batches shared by W workers, then the checkpoints one per
+    # worker in ceil(checkpoints / W) rounds (each a load and a whole forward)
     rows = F["problems_02"] * F["rollouts_per_problem_02"] * cap
-    per_model = rows / m["rate_per_worker"]
-    return {"03": m["start"] + m["t_load"] + per_model / W
-            + math.ceil(F["checkpoints_03"] / W) * (m["t_load"] + per_model)}
+    rounds = math.ceil(F["checkpoints_03"] / W)
+    ref = _chapter(m, W, 1, rows, setups=False)
+    ckpts = _chapter(m, 1, rounds, rounds * rows, setups=False)
+    parts = {k: ref[k] + ckpts[k] for k in ("loads", "setup", "work")}
+    parts["start"] = 2 * m["start"]
+    return {"03": {**parts, "total": sum(parts.values())}}
 
 
 def report(args) -> dict:
     results = Path(args.results)
     runs = {p.stem: json.loads(p.read_text()) for p in results.glob("*_w*.json")}
-    out = {"full_sizes": FULL, "formula": "T(W) = S(W) + L(W) * (t_load + t_setup) + U / (W * r_W)",
+    out = {"full_sizes": FULL,
+           "formula": "T(W) = S(W) + L(W) * t_load + t_setup_first + (L(W) - 1) * t_setup_next"
+                      " + U / (W * r_W)",
            "stages": {}, "hours": {}}
     for name in STAGES:
         ws = sorted(r["workers"] for k, r in runs.items() if r["stage"] == name)
@@ -397,20 +420,25 @@ def report(args) -> dict:
             m = st["runs"][min(W, ws[-1])]["measured"]
             out.setdefault("basis", {}).setdefault(name, {})[W] = (
                 "measured" if W in ws else f"extrapolated from the {min(W, ws[-1])}-GPU run")
-            for chapter, secs in _hours(name, m, W).items():
-                out["hours"].setdefault(chapter, {})[W] = secs / 3600
+            for chapter, terms in _hours(name, m, W).items():
+                out["hours"].setdefault(chapter, {})[W] = terms["total"] / 3600
+                out.setdefault("seconds_by_term", {}).setdefault(chapter, {})[W] = terms
     for chapter, by_w in out["hours"].items():
         if 1 in by_w and 2 in by_w:
             by_w["speedup_2"] = by_w[1] / by_w[2]
+    cards = sorted({st["card"] for st in out["stages"].values()})
+    out["cards"] = cards
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
-    print(f"\n{'stage':<6} {'W':>2} {'wall s':>8} {'t_load':>7} {'t_setup':>8} {'rate/worker':>12} "
-          f"{'start':>6}")
+    print(f"\ncards: {', '.join(cards)}")
+    print(f"{'stage':<6} {'W':>2} {'wall s':>8} {'t_load':>7} {'setup 1st/next':>15} "
+          f"{'rate/worker':>12} {'start':>6}")
     for name, st in out["stages"].items():
         for w, r in st["runs"].items():
             m = r["measured"]
             print(f"{name:<6} {w:>2} {r['wall_seconds']:>8.1f} {m['t_load']:>7.1f} "
-                  f"{m['t_setup']:>8.1f} {m['rate_per_worker']:>9,.0f} {m['unit']:<4} {m['start']:>6.1f}")
+                  f"{m['t_setup_first']:>7.1f}/{m['t_setup_next']:<7.1f} "
+                  f"{m['rate_per_worker']:>9,.0f} {m['unit']:<4} {m['start']:>6.1f}")
         if "speedup_wall" in st:
             print(f"{name:<6} speed-up (wall) {st['speedup_wall']:.2f}x, outputs equal: {st['equal']['ids_equal']}"
                   + (f", metrics within 1e-5: {st['equal']['metrics_within_1e-5']}"
@@ -422,6 +450,8 @@ def report(args) -> dict:
         print(f"  {chapter}: " + ", ".join(f"{w} GPU{'s' if w > 1 else ''} {h[w]:.2f} h"
                                            for w in (1, 2, 4) if w in h)
               + (f"; 2 vs 1: {h['speedup_2']:.2f}x" if "speedup_2" in h else ""))
+        t = out["seconds_by_term"][chapter][1]
+        print("      on 1 GPU, seconds: " + ", ".join(f"{k} {v:,.0f}" for k, v in t.items()))
     return out
 
 

@@ -53,7 +53,10 @@ _HEADS_LOCK = threading.Lock()
 
 def _head_key(path: Path, device) -> tuple:
     st = path.stat()
-    return (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, str(torch.device(device)))
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" is the current one: cuda:N
+        device = torch.device("cuda", torch.cuda.current_device())
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, str(device))
 
 
 def _kept_head(key: tuple) -> LMHead | None:
