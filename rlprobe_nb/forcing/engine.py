@@ -190,8 +190,7 @@ class _PairRun:
                  share: Share | None = None):
         if chunk_positions < 1 or topk < 0:
             raise ValueError("chunk_positions must be >= 1 and topk >= 0")
-        self.t_created = time.perf_counter()
-        self.device = torch.device(device)
+        self.t_created, self.device = time.perf_counter(), torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' requested but CUDA is not available")
         if len(seqs) == 0:
@@ -407,9 +406,7 @@ class _PairRun:
             # the forward loop waiting on the disk (reading cached hidden states / writing)
             "seconds_waiting_for_reads": round(self.waits["reads"], 3),
             "seconds_waiting_for_writes": round(self.waits["writes"], 3),
-            # the call around its loop: checks, LM heads to the device, the table's key
-            # (before); the forwarded sides' LM heads finishing their way to the caches
-            # (after; the caches' index and the manifest come after this is recorded)
+            # around the loop: checks, heads, key (before); heads still on their way to the caches
             "seconds_before_loop": round(self.t0 - self.t_created, 3),
             "seconds_waiting_for_head_saves": round(self.waits["heads"], 3),
             "response_tokens_per_s_this_run": (round(self.rows_done / elapsed, 1)
