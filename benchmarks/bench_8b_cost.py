@@ -416,10 +416,11 @@ def report(args) -> dict:
             st["speedup_wall"] = st["runs"][a]["wall_seconds"] / st["runs"][b]["wall_seconds"]
             st["equal"] = _equal(results, name, a, b)
         out["stages"][name] = st
-        for W in (1, 2, 4):  # more GPUs than measured: the largest run's parameters
-            m = st["runs"][min(W, ws[-1])]["measured"]
+        for W in (1, 2, 4):  # unmeasured W: the nearest run below it (else the smallest)
+            near = max([w for w in ws if w <= W] or ws[:1])
+            m = st["runs"][near]["measured"]
             out.setdefault("basis", {}).setdefault(name, {})[W] = (
-                "measured" if W in ws else f"extrapolated from the {min(W, ws[-1])}-GPU run")
+                "measured" if W in ws else f"extrapolated from the {near}-GPU run")
             for chapter, terms in _hours(name, m, W).items():
                 out["hours"].setdefault(chapter, {})[W] = terms["total"] / 3600
                 out.setdefault("seconds_by_term", {}).setdefault(chapter, {})[W] = terms

@@ -19,6 +19,12 @@
 #                     GPU 0 (one worker), then on 2 GPUs where there are 2, then its report
 #   cost_pack         what cost has written so far (logs, JSON, manifests) as one archive
 #                     under $OUT, and the end of its log
+#   cost_wait PATTERN SECONDS
+#                     wait until cost's log has a line matching PATTERN (or SECONDS pass),
+#                     then cost_pack: one call that ends as soon as a stage is done
+#   cost's choices (environment): COST_W1 / COST_W2 the stages on 1 / 2 GPUs (default
+#   "gen force cont" each), COST_ENGINE=0 leaves bench_engine out, COST_ARGS bench_8b_cost
+#   sizes (e.g. "--contexts 224": an 08 stage of over 5 minutes on one GPU)
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD RLPROBE_CACHE=/root/cache PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 JUPYTER_PATH=/tmp/site/share/jupyter
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -103,20 +109,30 @@ cost_run)  # COST_DIR, COST_MODELS, COST_ARGS (e.g. --tiny: a CPU dry run) chang
     python3 benchmarks/bench_engine.py --scenario 384-token --json "$R/bench_engine.json" $X \
       > "$R/bench_engine.log" 2>&1; say "bench_engine exit $?"
   }
-  if [ "$G" -gt 1 ]; then (CUDA_VISIBLE_DEVICES=1 engine) & else CUDA_VISIBLE_DEVICES=0 engine; fi
-  for s in gen force cont; do
+  report() {
+    python3 benchmarks/bench_8b_cost.py report --results $R --json "$R/cost_report.json" $X \
+      > "$R/report.log" 2>&1; say "report exit $?"
+  }
+  if [ "${COST_ENGINE:-1}" = 1 ]; then
+    if [ "$G" -gt 1 ]; then (CUDA_VISIBLE_DEVICES=1 engine) & else CUDA_VISIBLE_DEVICES=0 engine; fi
+  fi
+  for s in ${COST_W1-gen force cont}; do
     CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_8b_cost.py stage $s --workers 1 --models $M $X \
       --out $R > "$R/${s}_w1.log" 2>&1; say "$s on 1 GPU exit $?"
   done
   wait
-  for s in gen force cont; do
+  for s in ${COST_W2-gen force cont}; do
     [ "$G" -gt 1 ] || break
     CUDA_VISIBLE_DEVICES=0,1 python3 benchmarks/bench_8b_cost.py stage $s --workers 2 --models $M $X \
       --out $R > "$R/${s}_w2.log" 2>&1; say "$s on 2 GPUs exit $?"
+    report  # after each: what is done is reported if the machine goes back before the rest
   done
-  python3 benchmarks/bench_8b_cost.py report --results $R --json "$R/cost_report.json" $X \
-    > "$R/report.log" 2>&1; say "report exit $?"
+  report
   say done ;;
+cost_wait)
+  end=$((SECONDS + $3))
+  until grep -qE "$2" "${COST_DIR:-/root/cost}/run.log" 2>/dev/null || [ $SECONDS -ge $end ]; do sleep 5; done
+  bash "$0" cost_pack ;;
 cost_pack)
   (cd "${COST_DIR:-/root/cost}" && find . \( -name '*.log' -o -name '*.json' \) -not -path './*/hidden-ref/*' -print0 \
     | tar czf "$OUT/cost_results.tgz" --null -T -)
