@@ -90,8 +90,12 @@ cuda_tests)
   } > "$log" 2>&1
   tail -45 "$log" ;;
 cost)
-  mkdir -p "${COST_DIR:-/root/cost}"
-  setsid nohup bash "$0" cost_run > "${COST_DIR:-/root/cost}/run.log" 2>&1 < /dev/null &
+  # from a private copy of the tree: each later call re-syncs this one, and a run from it
+  # loses its files (on 2026-11-28 the report and the stages after the first poll did)
+  mkdir -p "${COST_DIR:-/root/cost}"; rm -rf /root/cost_tree; mkdir -p /root/cost_tree
+  tar --exclude=./.gguf_parts --exclude='./.whl*' -cf - . | tar -xf - -C /root/cost_tree
+  (cd /root/cost_tree && setsid nohup bash scripts/device_book.sh cost_run \
+    > "${COST_DIR:-/root/cost}/run.log" 2>&1 < /dev/null &)
   sleep 5; cat "${COST_DIR:-/root/cost}/run.log" ;;
 cost_run)  # COST_DIR, COST_MODELS, COST_ARGS (e.g. --tiny: a CPU dry run) change its defaults
   R=${COST_DIR:-/root/cost} M=${COST_MODELS:-/root/m8b} X=${COST_ARGS:-}
