@@ -365,3 +365,37 @@ def test_compiled_decoder_layers_match_eager_and_are_undone(world, tmp_path):
     forcing.run_pair(seqs, forcing.Side("P", P), forcing.Side("Q", Q), tmp_path / "own",
                      compile_body=True, **kw)
     assert forcing.layers_compiled(P) and not forcing.layers_compiled(Q)
+
+
+def test_lm_heads_stay_on_the_device_between_runs_unless_the_file_changed(world, tmp_path):
+    """A head saved to or read from a cache is kept for the next run of the engine in this
+    process (the file is not read and hashed again); a file changed since is read again,
+    and a damaged one is refused, not served from memory."""
+    import os
+
+    from rlprobe_nb.forcing import hidden_cache
+
+    tok, _, _, seqs, P, Q = world
+    hidden_cache.release_heads()
+    forcing.forward_to_cache(seqs, forcing.Side("Q", Q, tok, tmp_path / "hQ"), **KW,
+                             batch_tokens=256)
+    cache = forcing.HiddenCache(tmp_path / "hQ")
+    (path,) = (tmp_path / "hQ").glob("head.*.safetensors")
+    saved = cache.load_head("cpu")  # the copy kept when it was saved
+    assert saved.weight.data_ptr() == cache.load_head("cpu").weight.data_ptr()
+    assert saved.weight.data_ptr() != Q.lm_head.weight.data_ptr()  # a copy, not the model's
+    hidden_cache.release_heads()
+    read = cache.load_head("cpu")  # from the file
+    assert read.weight.data_ptr() != saved.weight.data_ptr()
+    assert torch.equal(read.weight, saved.weight) and torch.equal(read.weight, Q.lm_head.weight)
+    assert read.facts() == saved.facts()
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))  # rewritten, same bytes
+    again = cache.load_head("cpu")
+    assert again.weight.data_ptr() != read.weight.data_ptr() and torch.equal(again.weight, read.weight)
+    blob = bytearray(path.read_bytes())
+    blob[-8:] = bytes(8)
+    path.write_bytes(bytes(blob))
+    with pytest.raises(storage.DamagedTableError, match="checksum"):
+        cache.load_head("cpu")
+    hidden_cache.release_heads()

@@ -190,7 +190,7 @@ class _PairRun:
                  share: Share | None = None):
         if chunk_positions < 1 or topk < 0:
             raise ValueError("chunk_positions must be >= 1 and topk >= 0")
-        self.device = torch.device(device)
+        self.t_created, self.device = time.perf_counter(), torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' requested but CUDA is not available")
         if len(seqs) == 0:
@@ -204,7 +204,7 @@ class _PairRun:
         self.compile, self.compile_body = compile, compile_body
         self.batch_sizes: list[int] = []
         self.computed, self.rows_done = 0, 0
-        self.waits = {"reads": 0.0, "writes": 0.0}
+        self.waits = {"reads": 0.0, "writes": 0.0, "heads": 0.0}
         self.table: storage.ShardedTable | None = None
         self.caches: list[HiddenCache | None] = []
 
@@ -373,8 +373,10 @@ class _PairRun:
                 compile_layers(model)
             self.t0 = time.perf_counter()
             halving_on_oom(self.loop, batch_tokens, halved)
+            self.t_loop_end = time.perf_counter()
             for f in saves:
                 f.result()
+            self.waits["heads"] = time.perf_counter() - self.t_loop_end
         except Exception as err:
             if not is_out_of_memory(err):
                 raise
@@ -388,7 +390,7 @@ class _PairRun:
 
     # step 4 ----------------------------------------------------------------------
     def finish(self) -> Path | None:
-        elapsed = time.perf_counter() - self.t0
+        elapsed = self.t_loop_end - self.t0
         facts = {
             **self.seqs.facts(), "chunk_positions": self.chunk_positions, "topk": self.topk,
             "max_sequences": self.max_sequences, "device": self.device.type,
@@ -404,6 +406,9 @@ class _PairRun:
             # the forward loop waiting on the disk (reading cached hidden states / writing)
             "seconds_waiting_for_reads": round(self.waits["reads"], 3),
             "seconds_waiting_for_writes": round(self.waits["writes"], 3),
+            # around the loop: checks, heads, key (before); heads still on their way to the caches
+            "seconds_before_loop": round(self.t0 - self.t_created, 3),
+            "seconds_waiting_for_head_saves": round(self.waits["heads"], 3),
             "response_tokens_per_s_this_run": (round(self.rows_done / elapsed, 1)
                                                if elapsed > 0 else None),
             "torch": torch.__version__,

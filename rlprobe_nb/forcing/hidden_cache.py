@@ -17,6 +17,12 @@ was written; every read checks it, so an altered or damaged file is refused (nam
 turned into rows. A shard holds one batch; a later run reads any rollout from it whatever
 its own batching, after checking the sequence's content hash. One writer at a time
 (``storage.acquire_lock``).
+
+LM heads stay on the device between calls: a head loaded from a cache, or saved to one,
+is kept (its device copy, at most ``HEADS_KEPT`` of them) under its file's path, size,
+modification time and inode, so the next run of the engine in this process (the next
+checkpoint against the same reference) takes it from there instead of reading and
+hashing 1 GB again; a file rewritten since is read again. ``release_heads`` frees them.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -37,6 +45,47 @@ from rlprobe_nb.tables import keys, storage
 
 UNRECORDED = "unrecorded"
 _DATA_RE = re.compile(r"(?P<stem>h-[0-9a-f]+|head)\.(?P<sha>[0-9a-f]{16})\.safetensors\Z")
+
+HEADS_KEPT = 2  # the reference's head and the last checkpoint's: 2 GB of device memory at 8B
+_HEADS: OrderedDict = OrderedDict()  # (file, size, mtime_ns, inode, device) -> LMHead
+_HEADS_LOCK = threading.Lock()
+
+
+def _head_key(path: Path, device) -> tuple:
+    st = path.stat()
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" is the current one: cuda:N
+        device = torch.device("cuda", torch.cuda.current_device())
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, str(device))
+
+
+def _kept_head(key: tuple) -> LMHead | None:
+    with _HEADS_LOCK:
+        head = _HEADS.get(key)
+        if head is not None:
+            _HEADS.move_to_end(key)
+    return None if head is None else LMHead(head.weight, head.bias, head.softcap,
+                                            head.rows_in_model, head.padded_rows_dropped,
+                                            padded_mass_max=head.padded_mass_max)
+
+
+def _keep_head(key: tuple, head: LMHead) -> None:
+    with _HEADS_LOCK:
+        _HEADS[key] = head
+        _HEADS.move_to_end(key)
+        while len(_HEADS) > HEADS_KEPT:
+            _HEADS.popitem(last=False)
+
+
+def release_heads() -> None:
+    """Free the LM heads kept on the device between runs of the engine."""
+    with _HEADS_LOCK:
+        _HEADS.clear()
+
+
+def _head_from(weight, bias, meta: dict) -> LMHead:
+    return LMHead(weight, bias, meta.get("softcap"), meta.get("rows_in_model", 0),
+                  meta.get("padded_rows_dropped", 0), padded_mass_max=meta.get("padded_mass_max"))
 
 
 class HiddenCache:
@@ -118,25 +167,34 @@ class HiddenCache:
         return bool(self._data_files("head"))
 
     def save_head(self, head: LMHead) -> None:
-        """The sliced LM head (1 GB at 8B; the engine saves it from a background thread)."""
+        """The sliced LM head (1 GB at 8B; the engine saves it from a background thread).
+        A copy stays on its device for the next load (``HEADS_KEPT``)."""
         if self.has_head():
             return
-        tensors = {"weight": head.weight.detach()}
-        if head.bias is not None:
-            tensors["bias"] = head.bias.detach()
-        self._write("head", tensors, {k: json.dumps(v) for k, v in head.facts().items()},
-                    host_slices)
+        facts = head.facts()
+        weight = head.weight.detach()
+        bias = None if head.bias is None else head.bias.detach()
+        tensors = {"weight": weight} if bias is None else {"weight": weight, "bias": bias}
+        self._write("head", tensors, {k: json.dumps(v) for k, v in facts.items()}, host_slices)
+        (path, _), = self._data_files("head")
+        # a copy, not the model's own tensor: the model may change or go; the file stays
+        _keep_head(_head_key(path, weight.device),
+                   _head_from(weight.clone(), None if bias is None else bias.clone(), facts))
 
     def load_head(self, device) -> LMHead:
         if not self.has_head():
             raise FileNotFoundError(f"{self.folder} holds no LM head; pass the model of this "
                                     "side instead")
+        (path, _), = self._data_files("head")
+        key = _head_key(path, device)
+        kept = _kept_head(key)
+        if kept is not None:  # this file, unchanged since this process read or wrote it
+            return kept
         tensors, meta = self._read("head")  # pageable: pinning 1 GB once costs more than it saves
         meta = {k: json.loads(v) for k, v in meta.items()}
-        head = LMHead(tensors["weight"], tensors.get("bias"), meta.get("softcap"),
-                      meta.get("rows_in_model", 0), meta.get("padded_rows_dropped", 0),
-                      padded_mass_max=meta.get("padded_mass_max"))
-        return head.to(device)
+        head = _head_from(tensors["weight"], tensors.get("bias"), meta).to(device)
+        _keep_head(key, head)
+        return _kept_head(key)
 
     # shards ---------------------------------------------------------------------
     @staticmethod
