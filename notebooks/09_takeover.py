@@ -112,8 +112,9 @@ n_requests = len(PROBLEMS) * T.samples
 print(f"to write: {n_requests * n_rules * len(CHECKPOINTS):,} responses "
       f"({counted(n_requests, 'request')} x {counted(n_rules, 'rule')} x "
       f"{counted(len(CHECKPOINTS), 'checkpoint')}), each request's rules sharing their "
-      f"common prefixes; at most {n_requests * len(CHECKPOINTS) * MAX_NEW:,} positions "
-      "through both models if no rule ever split from the reference's text")
+      f"common prefixes: {n_requests * len(CHECKPOINTS):,} prompts and responses of up to "
+      f"{MAX_NEW} tokens through both models if no rule split from the reference's text, "
+      "and the rest of a text for every split")
 
 # %% [markdown]
 # ## Writing and grading
