@@ -36,8 +36,9 @@ def curve_chart(curves: pd.DataFrame, y: str = "acc", title: str = "", width: in
     label = {"acc": "accuracy (95% interval over problems)",
              "recovered": "share of the checkpoint's gain recovered",
              "of_target": "share of the target's gain recovered"}[y]
-    x = alt.X("share_taken:Q", title="share of positions taken over",
-              scale=alt.Scale(type="symlog", constant=0.01, domain=[0, 1]))
+    x = alt.X("share_taken:Q", title="share of positions taken over (log-like scale)",
+              scale=alt.Scale(type="symlog", constant=0.01, domain=[0, 1]),
+              axis=alt.Axis(values=[0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1], format=".0%"))
     tip = ["checkpoint", "criterion", "budget", "threshold", "share_taken", "share_changed",
            y, f"{y}_low", f"{y}_high", "problems"]
     base = alt.Chart(data)
