@@ -165,9 +165,13 @@ display(views.show(charts.curve_chart(CURVES, "acc", title="accuracy against the
                    save_as=figures / "09_takeover_accuracy"))
 
 # %%
-display(views.show(charts.curve_chart(CURVES[CURVES.run == "rlvr"], "recovered",
-                                      title="share of each checkpoint's gain recovered"),
-                   save_as=figures / "09_takeover_recovered"))
+GAINING = CURVES[(CURVES.run == "rlvr") & CURVES.recovered.notna()]
+if len(GAINING):
+    display(views.show(charts.curve_chart(GAINING, "recovered",
+                                          title="share of each checkpoint's gain recovered"),
+                       save_as=figures / "09_takeover_recovered"))
+else:
+    print("no RLVR checkpoint gains over the reference on these problems: no gain to recover")
 
 # %% [markdown]
 # ## How few positions: the headline

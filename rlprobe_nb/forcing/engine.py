@@ -364,7 +364,6 @@ class _PairRun:
         saves = [saver.submit(c.save_head, h) for s, c, h in zip(self.sides, self.caches, self.heads)
                  if s.model is not None and c is not None and not c.has_head()
                  and (self.share is None or self.share.saves_heads)]
-
         def halved(old: int, new: int) -> str:
             return f"out of memory at batch_tokens={old}: retrying at {new} (finished shards are kept)"
 

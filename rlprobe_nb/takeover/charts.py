@@ -41,12 +41,14 @@ def curve_chart(curves: pd.DataFrame, y: str = "acc", title: str = "", width: in
               axis=alt.Axis(values=[0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1], format=".0%"))
     tip = ["checkpoint", "criterion", "budget", "threshold", "share_taken", "share_changed",
            y, f"{y}_low", f"{y}_high", "problems"]
-    base = alt.Chart(data)
-    lines = base.mark_line(point=True).encode(
+    lines = alt.Chart(data).mark_line(point=True).encode(
         x=x, y=alt.Y(f"{y}:Q", title=label), color=colour, order="share_taken:Q", tooltip=tip)
-    bars = base.mark_errorbar().encode(x=x, y=alt.Y(f"{y}_low:Q", title=label),
-                                       y2=f"{y}_high:Q", color=colour)
-    return alt.layer(bars, lines).properties(width=width, height=200).facet(
+    layers = [lines]
+    spans = data[data[f"{y}_low"].notna() & data[f"{y}_high"].notna()]
+    if len(spans):  # an interval only where it exists (an empty layer has no extent)
+        layers.insert(0, alt.Chart(spans).mark_errorbar().encode(
+            x=x, y=alt.Y(f"{y}_low:Q", title=label), y2=f"{y}_high:Q", color=colour))
+    return alt.layer(*layers, data=data).properties(width=width, height=200).facet(
         facet=alt.Facet("panel:N", title=None, sort=order), columns=4, title=title)
 
 
