@@ -2,8 +2,8 @@
 on the new suite, shrunk as the small book is (``session_book.small_demo_params``' sizes),
 each writing non-empty tables.
 
-Opt-in (RLPROBE_BYO_BOOK=1): it costs about two minutes on 2 cores, more than make test's
-budget for it; run it after a change to discover or to a chapter that a new suite reaches.
+It costs about 80 s on one core (make test gives each worker one), so it runs in its own
+file, which pytest-xdist schedules beside the small book's readers.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [
-    pytest.mark.skipif(os.environ.get("RLPROBE_BYO_BOOK") != "1",
-                       reason="opt-in: RLPROBE_BYO_BOOK=1 (about two minutes)"),
+    pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed"),
 ]
 
