@@ -28,7 +28,7 @@
 # %%
 from typing import Optional
 
-from rlprobe_nb import statistics, views
+from rlprobe_nb import import_rollouts, statistics, views
 from rlprobe_nb.generation import rollouts
 from rlprobe_nb.problems import grading
 from rlprobe_nb.problems import sources as problem_sources
@@ -117,6 +117,19 @@ if R.source == "prior":
     print(f"{len(SET_ASIDE)} imported responses set aside, "
           f"{int((ROLLOUTS['flags'] != '').sum())} flagged")
     display(DISAGREE)  # noqa: F821  (IPython)
+
+# %% [markdown]
+# With `rollouts.source: imported` they are a training run's own samples, as
+# `python -m rlprobe_nb.import_rollouts` wrote them (`rollouts.prior_path`: its parquet,
+# graded, re-tokenized rows flagged): the rows of the selected problems are kept as they are.
+
+# %%
+if R.source == "imported":
+    ROLLOUTS = import_rollouts.read_imported(paths.resolve(R.prior_path), TODO["problem_id"])
+    storage.write_derived(paths.table_dir(P.suite, "rollouts"), ROLLOUTS, schemas.ROLLOUTS,
+                          MANIFEST, KEY, lineage.UNIQUE["rollouts"])
+    print(f"{len(ROLLOUTS)} imported rollouts of {ROLLOUTS.problem_id.nunique()} problems, "
+          f"{int(ROLLOUTS['flags'].str.contains('retokenized').sum())} re-tokenized from text")
 
 # %% [markdown]
 # ## What the reference wrote

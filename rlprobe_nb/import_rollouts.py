@@ -185,6 +185,33 @@ def write(df: pd.DataFrame, problems: pd.DataFrame, out: Path, stem: str) -> tup
     return table_file, problems_file
 
 
+def read_imported(path: Path, problem_ids) -> pd.DataFrame:
+    """The rows of an imported rollouts file (``write``'s parquet) whose problems are among
+    ``problem_ids`` (chapter 02 with ``rollouts.source: imported``), checked: the book's
+    rollouts schema, and at least one row of those problems."""
+    import pyarrow.parquet as pq
+
+    from rlprobe_nb.tables import schemas
+
+    path = Path(path)
+    if not path.is_file():
+        raise ImportError_(f"rollouts.prior_path names {path}, which does not exist: run "
+                           "python -m rlprobe_nb.import_rollouts DUMP --suite NAME first")
+    table = pq.read_table(path)
+    if not table.schema.equals(schemas.ROLLOUTS, check_metadata=False):
+        raise ImportError_(f"{path} is not a rollouts table (its columns: "
+                           f"{table.schema.names[:6]}…): give the parquet that "
+                           "python -m rlprobe_nb.import_rollouts wrote")
+    df = table.to_pandas()
+    wanted = set(problem_ids)
+    kept = df[df.problem_id.isin(wanted)].reset_index(drop=True)
+    if kept.empty:
+        raise ImportError_(f"{path} holds no rollout of the {len(wanted)} problems chapter 01 "
+                           f"selected (its problems: {sorted(set(df.problem_id))[:3]}…): point "
+                           "problems.path at the problems file the import wrote beside it")
+    return kept
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlprobe_nb.import_rollouts",
                                  description=__doc__.split("\n\n")[0])

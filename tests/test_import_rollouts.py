@@ -113,3 +113,26 @@ def test_a_prompt_that_is_not_the_template(env, capsys):
     assert import_rollouts.main([str(bad), "--suite", "run"]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "row 0" in err and "--prompt-template" in err
+
+
+def test_chapter_02_reads_an_import_of_the_selected_problems_and_refuses_a_wrong_file(env):
+    """``rollouts.source: imported``: chapter 02 keeps the imported rows of its selected
+    problems as they are (flags included), so 03 forces them like any rollouts table;
+    a missing file, a file of another schema and an import of other problems are refused,
+    each naming the file and the fix."""
+    root, tok = env
+    dump = dumps(root, tok)["verl"]
+    assert import_rollouts.main([str(dump), "--suite", "run"]) == 0
+    path = root / "out" / "data" / "run" / "imported" / f"rollouts_{dump.stem}.parquet"
+    every = pd.read_parquet(path)
+    kept = import_rollouts.read_imported(path, every.problem_id.iloc[:1])
+    assert len(kept) == 1 and kept["flags"].iloc[0] == every["flags"].iloc[0]
+    assert "retokenized" in kept["flags"].iloc[0]
+    with pytest.raises(import_rollouts.ImportError_, match="does not exist"):
+        import_rollouts.read_imported(root / "nowhere.parquet", every.problem_id)
+    other = root / "other.parquet"
+    pd.DataFrame({"x": [1]}).to_parquet(other)
+    with pytest.raises(import_rollouts.ImportError_, match="not a rollouts table"):
+        import_rollouts.read_imported(other, every.problem_id)
+    with pytest.raises(import_rollouts.ImportError_, match="problems.path"):
+        import_rollouts.read_imported(path, ["math/999"])

@@ -55,7 +55,9 @@ class FilteringParams:
 
 @dataclass
 class RolloutsParams:
-    source: str = "generate"  # generate | prior
+    source: str = "generate"  # generate | prior | imported
+    # prior: an earlier run's filtered_problems.json; imported: the parquet that
+    # python -m rlprobe_nb.import_rollouts wrote from a trainer's dump
     prior_path: Optional[str] = None
     n_per_problem: int = 5
     temperatures: list[float] = field(default_factory=lambda: [0.6, 0.7, 0.8, 0.9, 1.0])
@@ -165,7 +167,7 @@ class RuntimeParams:
 
 CHOICES = {
     "problems.source": ("demo", "hub", "file", "prior"),
-    "rollouts.source": ("generate", "prior"),
+    "rollouts.source": ("generate", "prior", "imported"),
     # t1_unselected: chapter 04's T = 1 control (forcing.plan), needs 1.0 in the temperatures
     "forcing.groups": ("target", "ref_right", "control", "t1_unselected"),
     "forcing.group_max_rollouts": ("target", "ref_right", "control", "t1_unselected"),

@@ -250,8 +250,9 @@ def selection_key(P: params.Params, answers_sha: str) -> dict:
 
 def rollouts_key(P: params.Params, selection_sha: str, problems_sha: str) -> dict:
     R = P.rollouts
-    if R.source == "prior" and not R.prior_path:
-        raise params.ParamsError("rollouts.source is 'prior' but rollouts.prior_path is not set")
+    if R.source in ("prior", "imported") and not R.prior_path:
+        raise params.ParamsError(f"rollouts.source is {R.source!r} but rollouts.prior_path "
+                                 "is not set")
     sampling = _sampling_params("rollouts", ("n_per_problem", "temperatures",
                                              "max_new_tokens", "seed", "batch_size"), P)
     return key(P, "rollouts", inputs={"selection": selection_sha, "problems": problems_sha},
