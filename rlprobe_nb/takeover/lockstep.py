@@ -312,9 +312,3 @@ def takeover_generate(ref, ckpt, requests: Sequence[Request], eos: Sequence[int]
         stats["node_steps"] = run.node_steps
     return [[run.results[(i, r)] for r in range(len(req.rules))]
             for i, req in enumerate(requests)]
-
-
-def distinct_texts(written: list[list[Written]]) -> int:
-    """How many distinct texts the rules wrote (the tree's leaves)."""
-    return sum(len({tuple(w.ids) for w in per}) for per in written)
-
