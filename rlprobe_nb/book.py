@@ -11,7 +11,11 @@ checkpoint), each executed notebook and its HTML export under figures/<suite>/.
 Notebooks skip work whose tables are already complete, so a second run is quick. The
 first run of 03 forces every checkpoint (the reference's cache read and the metrics
 compiled once in its kernel); the later runs of 03 only read their tables and draw their
-pages, two at a time (``waves``: kernel start, imports and page export keep one core busy).
+pages. On a CPU, everything after that first run goes in two lanes side by side: chapter
+09, which reads nothing written after 03, beside the readers and 04-08 (``waves``), each
+kernel told how many of the cores it may use while the other lane runs (``cores``: one
+each, then all to the lane left). On a GPU the chapters run one at a time, the readers of
+03 two at a time (kernel start, imports and page export keep one core busy).
 
 Several GPUs: the sharded stages (sampling in 01/02, teacher forcing in 03) start one
 worker process per GPU (``distributed``); the first run of 03 forces the checkpoints one
@@ -53,7 +57,7 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 
-from rlprobe_nb import book_runs, distributed
+from rlprobe_nb import book_runs, cores, distributed
 from rlprobe_nb.book_runs import NotebookFailed  # noqa: F401 (raised by run_one, caught here)
 from rlprobe_nb.pages import navigation, page_styles
 from rlprobe_nb.suite import params, paths
@@ -289,24 +293,46 @@ def _keep_failed(tmp: Path, failed: Path) -> Path | None:
 # The runs of 03 after one that forced every checkpoint only read their tables and draw
 # their pages: kernel start, imports and charts, mostly on one core. Two at a time.
 READERS_AT_ONCE = 2
+# Chapters that read nothing written after chapter 03 (its token tables and the problems):
+# on a CPU they run in a lane of their own beside the chapters that read each other's.
+BESIDE = ("09_takeover",)
 
 
-def waves(plan: list[tuple[Path, dict, str]]) -> list[list[int]]:
-    """The plan's runs (indices) in order, grouped into what runs at once: one at a time,
+def waves(plan: list[tuple[Path, dict, str]], lanes: bool = False) -> list[book_runs.Wave]:
+    """The plan's runs (indices) grouped into waves of lanes: the lanes of a wave run at
+    once, the runs of a lane in order. Without ``lanes`` every run is a wave of its own,
     except the runs of 03 that follow a run forcing every checkpoint (``checkpoints``),
-    ``READERS_AT_ONCE`` at a time."""
-    out: list[list[int]] = []
-    readers: set[int] = set()
-    forced = False
-    for i, (nb, parameters, _) in enumerate(plan):
-        if forced and nb.stem == PER_CHECKPOINT and "checkpoints" not in parameters:
-            readers.add(i)
-        if i in readers and out and out[-1][0] in readers and len(out[-1]) < READERS_AT_ONCE:
-            out[-1].append(i)
+    ``READERS_AT_ONCE`` at a time. With ``lanes`` (a CPU: the cores are shared out,
+    ``cores``), everything after the forcing run goes into two lanes: the ``BESIDE``
+    chapters in one, every other run (those readers too) in the other, in plan order;
+    on the demo the two lanes then hold about the same work (09; 03's readers and 04-08)."""
+    forced_at = next((i for i, (_, p, _) in enumerate(plan) if "checkpoints" in p), None)
+    readers = {i for i, (nb, p, _) in enumerate(plan)
+               if forced_at is not None and i > forced_at and nb.stem == PER_CHECKPOINT}
+    if lanes:
+        start = forced_at + 1 if forced_at is not None else next(
+            (i for i, (nb, _, _) in enumerate(plan) if nb.stem > PER_CHECKPOINT), len(plan))
+        side = [i for i in range(start, len(plan)) if plan[i][0].stem in BESIDE]
+        main = [i for i in range(start, len(plan)) if i not in side]
+        after = [lane for lane in (main, side) if lane]
+        return [[[i]] for i in range(start)] + ([after] if after else [])
+    out: list[book_runs.Wave] = []
+    for i in range(len(plan)):
+        if i in readers and out and out[-1][0][0] in readers and len(out[-1]) < READERS_AT_ONCE:
+            out[-1].append([i])
         else:
-            out.append([i])
-        forced = forced or "checkpoints" in parameters
+            out.append([[i]])
     return out
+
+
+def runs_on_cpu(P: params.Params) -> bool:
+    """Whether the suite's chapters compute on the CPU (their cores are then shared out
+    between two lanes, ``waves``); a GPU suite runs its chapters one at a time."""
+    if P.runtime.device != "auto":
+        return P.runtime.device == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def run_one(nb: Path, parameters: dict, stem: str, out_dir: Path,
@@ -430,10 +456,12 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             needs_network[f"{out_dir / stem}.html"] = problems
 
+    on_cpu = runs_on_cpu(P)
     status = book_runs.run_waves(
-        plan, waves(plan), lambda nb, parameters, stem: run_one(nb, parameters, stem, out_dir, pages),
+        plan, waves(plan, lanes=on_cpu),
+        lambda nb, parameters, stem: run_one(nb, parameters, stem, out_dir, pages),
         finished, lambda i, failure: report_failure(failure, out_dir, plan[i][2]),
-        lambda stem: failed_path(out_dir, stem))
+        lambda stem: failed_path(out_dir, stem), lanes=lambda: cores.Lanes(out_dir))
     if status:
         write_index(P, pages)
         return status

@@ -11,10 +11,12 @@ atomically (``tables.storage``), so none is left half-written and a rerun resume
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
 import re
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -87,8 +89,8 @@ def out_of_sync(notebooks_run: list[Path]) -> list[str]:
 INTERRUPT_GRACE_S = 20
 
 
-def _wait_or_interrupt(done: list[cf.Future], plan, wave: list[int]) -> bool:
-    """Wait for a wave's runs; on Ctrl-C stop them all at once (their kernels get SIGINT,
+def _wait_or_interrupt(done: list[cf.Future], running: Callable[[], list[str]]) -> bool:
+    """Wait for a wave's lanes; on Ctrl-C stop them all at once (their kernels get SIGINT,
     then SIGKILL after ``INTERRUPT_GRACE_S``) rather than waiting for each to finish.
     Returns False when interrupted."""
     from rlprobe_nb import kernels
@@ -97,8 +99,7 @@ def _wait_or_interrupt(done: list[cf.Future], plan, wave: list[int]) -> bool:
         cf.wait(done)
         return True
     except KeyboardInterrupt:
-        running = [plan[i][2] for i, f in zip(wave, done) if not f.done()]
-        print(f"\ninterrupted: stopping {', '.join(running) or 'nothing'} ...", file=sys.stderr,
+        print(f"\ninterrupted: stopping {', '.join(running()) or 'nothing'} ...", file=sys.stderr,
               flush=True)
         kernels.signal_kernels(signal.SIGINT)
         try:
@@ -110,37 +111,65 @@ def _wait_or_interrupt(done: list[cf.Future], plan, wave: list[int]) -> bool:
         return False
 
 
-def run_waves(plan: list[tuple[Path, dict, str]], waves: list[list[int]],
+Wave = list[list[int]]  # lanes that run at once, each a list of plan indices run in order
+
+
+def run_waves(plan: list[tuple[Path, dict, str]], waves: list[Wave],
               run: Callable[[Path, dict, str], tuple[float, list[str]]],
               finished: Callable[[int, tuple[float, list[str]]], None],
-              failed: Callable[[int, BaseException], None], kept: Callable[[str], Path]) -> int:
-    """Run the plan's ``waves`` (``run(notebook, parameters, stem)`` each, the runs of a
-    wave at once; ``finished(i, result)`` after each, in order); 0 when every run
-    succeeded, 1 after a failed run (``failed(i, error)``), 130 after Ctrl-C (every run of
-    the wave stopped, no traceback; ``kept(stem)``: where a run keeps its partial
-    notebook)."""
+              failed: Callable[[int, BaseException], None], kept: Callable[[str], Path],
+              lanes: Callable[[], "contextlib.AbstractContextManager"] | None = None) -> int:
+    """Run the plan's ``waves``: the lanes of a wave at once, the runs of a lane in order
+    (``run(notebook, parameters, stem)`` each; ``finished(i, result)`` as each ends). A
+    lane stops at its first failed run, the other lanes of its wave go on to their end;
+    then 1 (``failed(i, error)`` for the first failure in plan order). 130 after Ctrl-C
+    (every running run stopped, no traceback; ``kept(stem)``: where a run keeps its partial
+    notebook). 0 when every run succeeded. ``lanes()``: a ``cores.Lanes`` for a wave of
+    several lanes (how many threads each running kernel may use)."""
+    lock = threading.Lock()
     for wave in waves:
-        for i in wave:
-            nb, parameters, _ = plan[i]
-            extra = f" (checkpoint {parameters['checkpoint']})" if "checkpoint" in parameters else ""
-            print(f"[{i + 1}/{len(plan)}] {nb.name}{extra} ...", flush=True)
-        pool = cf.ThreadPoolExecutor(len(wave))
-        done = [pool.submit(run, *plan[i]) for i in wave]
-        complete = _wait_or_interrupt(done, plan, wave)
-        pool.shutdown(wait=False, cancel_futures=True)
+        current: dict[int, int] = {}
+        share = lanes() if lanes is not None and len(wave) > 1 else contextlib.nullcontext()
+
+        def lane_run(number: int, lane: list[int]) -> tuple[int, NotebookFailed] | None:
+            try:
+                for i in lane:
+                    nb, parameters, _ = plan[i]
+                    extra = (f" (checkpoint {parameters['checkpoint']})"
+                             if "checkpoint" in parameters else "")
+                    with lock:
+                        current[number] = i
+                        print(f"[{i + 1}/{len(plan)}] {nb.name}{extra} ...", flush=True)
+                    try:
+                        outcome = run(*plan[i])
+                    except NotebookFailed as failure:
+                        return i, failure
+                    with lock:
+                        current.pop(number, None)
+                        finished(i, outcome)
+                return None
+            finally:
+                if hasattr(share, "ended"):
+                    share.ended()
+
+        with share:
+            pool = cf.ThreadPoolExecutor(len(wave))
+            done = []
+            for number, lane in enumerate(wave):
+                if hasattr(share, "started"):
+                    share.started()
+                done.append(pool.submit(lane_run, number, lane))
+            complete = _wait_or_interrupt(done, lambda: [plan[i][2] for i in current.values()])
+            pool.shutdown(wait=False, cancel_futures=True)
         if not complete:
-            partial = [str(kept(plan[i][2])) for i in wave if kept(plan[i][2]).exists()]
+            partial = [str(kept(plan[i][2])) for lane in wave for i in lane
+                       if kept(plan[i][2]).exists()]
             print("rlprobe_nb: interrupted; no table was left half-written (a rerun resumes)"
                   + (f"; partial notebooks: {', '.join(partial)}" if partial else ""),
                   file=sys.stderr)
             return 130
-        for i, result in zip(wave, done):
-            try:
-                outcome = result.result()
-            except NotebookFailed as failure:
-                failed(i, failure)
-                return 1
-            finished(i, outcome)
+        failures = sorted(f.result() for f in done if f.result() is not None)
+        if failures:
+            failed(*failures[0])
+            return 1
     return 0
-
-

@@ -48,6 +48,8 @@ import sys
 import warnings
 from typing import Any, Callable, Sequence
 
+from rlprobe_nb import cores
+
 # Ask NVML, not the CUDA runtime, whether CUDA devices exist (``torch.cuda.is_available``
 # reads this at each call): the coordinator must not initialize CUDA before it forks.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
@@ -159,6 +161,8 @@ def run_shards(table, jobs: list[tuple[str, Callable[[], Any]]], manifest,
             bar = tqdm(share, desc=f"{table.folder.name} shards", leave=False,
                        disable=not progress or state is not None)
             for key, fn in bar:
+                if state is None:  # the book may have given this notebook more or fewer cores
+                    cores.adopt()
                 table.write_shard(key, fn())
 
         run_sharded(task, todo, workers)

@@ -38,7 +38,7 @@ def test_ctrl_c_stops_both_runs_of_a_wave_at_once_without_a_traceback(monkeypatc
     plan = [(Path("03_a.ipynb"), {}, "03_a"), (Path("03_b.ipynb"), {}, "03_b")]
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     t0 = time.perf_counter()
-    status = book_runs.run_waves(plan, [[0, 1]], run, lambda i, r: None,
+    status = book_runs.run_waves(plan, [[[0], [1]]], run, lambda i, r: None,
                                  lambda i, e: None, lambda stem: tmp_path / f"{stem}.FAILED.ipynb")
     assert status == 130
     assert time.perf_counter() - t0 < 10

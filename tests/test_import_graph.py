@@ -5,8 +5,9 @@ Layers, lowest first (every import of the package is read, at module level and i
 functions alike, with ``ast``; nothing is imported to check):
 
   base        progress, statistics, readable (how values read on a page), reporting (how
-              an estimate and its interval are printed), the package's ``__init__``:
-              import no other module of the package
+              an estimate and its interval are printed), cores (how many threads a
+              notebook may use while another runs), the package's ``__init__``: import no
+              other module of the package
   foundation  suite/, tables/: what a suite is and how results are kept; import each
               other and base only
   helpers     views (pandas displays every stage shows), distributed (worker processes for
@@ -33,7 +34,7 @@ import pytest
 from rlprobe_nb.suite import paths
 
 PACKAGE = "rlprobe_nb"
-BASE = {"progress", "statistics", "readable", "reporting", "(init)"}
+BASE = {"progress", "statistics", "readable", "reporting", "cores", "(init)"}
 FOUNDATION = {"suite", "tables"}
 HELPERS = {"views", "distributed"}
 RUNNER = {"book", "book_runs", "kernels", "pages", "import_rollouts"}

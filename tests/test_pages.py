@@ -236,15 +236,24 @@ def test_the_first_run_of_03_forces_every_checkpoint_and_the_rest_read_two_at_a_
     first = next(i for i, (nb, _, _) in enumerate(plan) if nb.stem == book.PER_CHECKPOINT)
     assert plan[first][1]["checkpoints"] == P.forced
     assert all("checkpoints" not in p for _, p, _ in plan[first + 1:])
-    waves = book.waves(plan)
-    assert [i for wave in waves for i in wave] == list(range(len(plan))), "every run, in order"
+    waves = book.waves(plan)  # a GPU: one run at a time but for the readers
+    assert [i for wave in waves for lane in wave for i in lane] == list(range(len(plan)))
     readers = [w for w in waves if len(w) > 1]
     assert readers and all(len(w) == book.READERS_AT_ONCE for w in readers[:-1])
-    assert {plan[i][0].stem for w in readers for i in w} == {book.PER_CHECKPOINT}
-    assert [first] in waves, "the run that forces every checkpoint runs alone"
+    assert all(len(lane) == 1 for w in waves for lane in w)
+    assert {plan[i][0].stem for w in readers for lane in w for i in lane} == {book.PER_CHECKPOINT}
+    assert [[first]] in waves, "the run that forces every checkpoint runs alone"
+    # a CPU: after the forcing run, two lanes: 09 beside the readers, 04-08 and after
+    lanes = book.waves(plan, lanes=True)
+    assert lanes[:first + 1] == [[[i]] for i in range(first + 1)]
+    (main, side), = lanes[first + 1:]
+    assert [plan[i][2] for i in side] == ["09_takeover"]
+    assert [plan[i][2][:2] for i in main] == ["03"] * (len(P.forced) - 1) + [
+        "04", "05", "06", "07", "08", "ap"]
+    assert sorted(main + side) == list(range(first + 1, len(plan)))
     # one checkpoint asked for: nothing is forced ahead, everything runs alone
     alone = book.runs(P, ["03"], checkpoints=["rlvr_step_1200"])
-    assert book.waves(alone) == [[0]] and "checkpoints" not in alone[0][1]
+    assert book.waves(alone) == [[[0]]] and "checkpoints" not in alone[0][1]
 
 
 def test_the_lab_styles_move_to_one_file_beside_the_pages(tmp_path):
