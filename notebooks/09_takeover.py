@@ -35,8 +35,11 @@ FINDING = views.finding_slot()  # the chapter's finding, written here once its t
 #
 # Criteria: **Δlogp**, how strongly the checkpoint rejects the reference's draw
 # (log p_ref − log p_ckpt of that token: the checkpoint vetoes it); **KL**(ref‖ckpt) at
-# the position; the reference's **entropy**; and a seeded **random** coin at a matched
-# rate, the null. Every curve is drawn for three RLVR steps and for the placebo at the
+# the position; the reference's **entropy**; chapter 05's **calibrated** statistic
+# (how unusual the departure at the position is against the placebo run at the
+# checkpoint's step; where the suite's `takeover.criteria` names it: the demo leaves it
+# to `params/demo_scaled` for time); and a seeded **random** coin at a matched rate, the
+# null. Every curve is drawn for three RLVR steps and for the placebo at the
 # last step (the same training with permuted rewards). The share of the checkpoint's
 # gain recovered, (acc − acc_ref) / (acc_ckpt − acc_ref), says how much of what RLVR
 # changed in the answers those few positions carry.
@@ -52,14 +55,14 @@ from rlprobe_nb.problems import sources as problem_sources
 from rlprobe_nb.readable import counted
 from rlprobe_nb.suite import models, params, paths
 from rlprobe_nb.tables import provenance, suite_tables
-from rlprobe_nb.takeover import charts, curves, labels, narrative, sweep, table
+from rlprobe_nb.takeover import calibrated, charts, curves, labels, narrative, sweep, table
 
 # %% tags=["parameters"]
 suite: Optional[str] = None  # the suite: a folder under params/ (default: $RLPROBE_SUITE, else demo)
 checkpoints: Optional[list[str]] = None  # the checkpoints that take over (default: takeover.checkpoints, else RLVR steps 100, 400, the target and its placebo)
 n_problems: Optional[int] = None  # the first problems of the suite's source (default: takeover.n_problems)
 samples: Optional[int] = None  # responses per problem and rule (default: takeover.samples)
-criteria: Optional[list[str]] = None  # delta_logp, kl, entropy, random (default: takeover.criteria)
+criteria: Optional[list[str]] = None  # delta_logp, kl, entropy, random, calibrated (default: takeover.criteria)
 budgets: Optional[list[float]] = None  # shares of positions the thresholds aim at (default: takeover.budgets)
 temperature: Optional[float] = None  # sampling temperature (default: takeover.temperature)
 seed: Optional[int] = None  # seed of the responses (default: takeover.seed)
@@ -71,7 +74,9 @@ overwrite: bool = False  # recompute tables computed from other inputs (without 
 # given here overrides it and is checked against the same ranges. Everything else is
 # derived here: the checkpoints, the problems, and each criterion's threshold per budget,
 # the criterion's (1 − budget) quantile over the checkpoint's forced positions (chapter
-# 03's token tables score every position exactly as the decoder does).
+# 03's token tables score every position exactly as the decoder does). The calibrated
+# criterion first fits chapter 05's null model on the forced departures of the placebo
+# at each checkpoint's step (the placebo's own curve: on itself).
 
 # %%
 params.check_notebook_parameters(globals())
@@ -88,13 +93,18 @@ PROBLEMS = problem_sources.load_problems(
     n=T.n_problems, seed=P.problems.seed, split_name=P.problems.split_name,
     levels=P.problems.levels, subjects=P.problems.subjects, limit=T.n_problems)
 MAX_NEW = T.max_new_tokens or P.filtering.max_new_tokens
-TOKENS = suite_tables.read_tokens(P, [(c, P.reference) for c in CHECKPOINTS])
-THRESHOLDS = sweep.all_thresholds(TOKENS, CHECKPOINTS, T.criteria, T.budgets)
+NULLS = [calibrated.null_for(P, c) for c in CHECKPOINTS] if "calibrated" in T.criteria else []
+TOKENS = suite_tables.read_tokens(P, [(c, P.reference) for c in dict.fromkeys(CHECKPOINTS + NULLS)])
+SCORERS, NULL_USED = calibrated.scorers(P, TOKENS, CHECKPOINTS) if NULLS else ({}, None)
+THRESHOLDS = sweep.all_thresholds(TOKENS, CHECKPOINTS, T.criteria, T.budgets, SCORERS)
 figures = paths.figures_dir(P.suite)
 print(f"suite {P.suite!r}: the reference {P.reference!r} writes; {', '.join(CHECKPOINTS)} take "
       f"over; {counted(len(PROBLEMS), 'problem')} x {counted(T.samples, 'sample')} at "
       f"T = {T.temperature}, at most {MAX_NEW} new tokens; criteria {T.criteria} at budgets "
       f"{T.budgets}")
+if NULL_USED is not None:
+    print("the calibrated criterion standardises each checkpoint against "
+          + "; ".join(f"{r.checkpoint}: {r.why}" for r in NULL_USED.itertuples()))
 THRESHOLDS.pivot_table(index=["criterion", "budget"], columns="checkpoint", values="threshold")
 
 # %% [markdown]
@@ -132,7 +142,8 @@ manifest = provenance.manifest(P, seeds={"seed": T.seed}, grader=grading.grader_
                                extra={"checkpoints": CHECKPOINTS})
 TAKE = table.run_takeover(P, CHECKPOINTS, THRESHOLDS, PROBLEMS,
                           lambda name: models.load_model(name, P), settings, manifest,
-                          batch_rows=T.batch_rows, overwrite=overwrite, **sampling)
+                          batch_rows=T.batch_rows, overwrite=overwrite, scorers=SCORERS,
+                          **sampling)
 print(f"{len(TAKE):,} responses written and graded, "
       f"{TAKE.drop_duplicates(['checkpoint', 'problem_id', 'sample', 'response']).shape[0]:,} "
       f"of them distinct; {reporting.fmt(TAKE.n_tokens.mean())} tokens on average")

@@ -386,6 +386,25 @@ def test_cost_is_the_distinct_prefixes(run):
           f"{per_rule} for one run per rule")
 
 
+def test_prompts_are_prefilled_once_per_model_and_kept_for_the_next_run(world, run):
+    """A prompt is prefilled once per model (the fifth request shares the first one's
+    prompt: one hit in each model), and the reference's prompts kept from one run serve
+    the next: the texts are the same, token for token, as those written without."""
+    assert run.stats["prompt_hits"] == 2
+    kept = lockstep.PromptCache(world.ref)
+    first, second = {}, {}
+    _takeover(world, _requests(world), batch=64, ref_prompts=kept, stats=first)
+    again = _takeover(world, _requests(world), batch=64, ref_prompts=kept, stats=second)
+    assert first["prompt_hits"] == 2 and second["prompt_hits"] == 1 + len(SEEDS)
+    assert [[(w.ids, w.finish, w.taken, w.changed) for w in per] for per in again] == \
+        [[(w.ids, w.finish, w.taken, w.changed) for w in per] for per in run.written]
+    with pytest.raises(ValueError, match="another model's prompts"):
+        _takeover(world, _requests(world)[:1], ref_prompts=lockstep.PromptCache(world.ckpt))
+    small = lockstep.PromptCache(world.ref, max_bytes=1)
+    _takeover(world, _requests(world)[:2], ref_prompts=small)
+    assert small.entries == {} and small.bytes == 0, "nothing kept beyond its bytes"
+
+
 # 6. bad input -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("change, match", [

@@ -179,7 +179,7 @@ CHOICES = {
     "model.kind": ("hub", "local", "gguf", "peft"),
     # "spikes" and divergence.ground_truth.LABELS (suite/ imports no chapter package)
     "counterfactuals.positive_pool": ("forced", "problems"),
-    "takeover.criteria": ("delta_logp", "kl", "entropy", "random"),
+    "takeover.criteria": ("delta_logp", "kl", "entropy", "random", "calibrated"),
     "counterfactuals.point_strata": ("result_first_wrong", "operand", "operator", "other"),
     "counterfactuals.point_rule": ("spikes", "other", "format", "operator", "operand",
                                    "final_answer", "result_correct", "result_after_wrong",

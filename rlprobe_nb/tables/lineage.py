@@ -83,7 +83,9 @@ CODE: dict[str, tuple[str, ...]] = {
     "spikes": ("spikes/*.py", "views.py") + _STATS,
     "branches": ("counterfactuals/*.py",) + _SAMPLING + MODEL_CODE + _STATS,
     "takeover": ("takeover/lockstep.py", "takeover/criteria.py", "takeover/sweep.py",
-                 "takeover/table.py", "problems/sources.py") + _SAMPLING + MODEL_CODE,
+                 "takeover/table.py", "takeover/calibrated.py", "spikes/null.py",
+                 "spikes/conditional.py", "spikes/statistic.py", "spikes/detector.py",
+                 "problems/sources.py") + _SAMPLING + MODEL_CODE,
 }
 GRADER_PACKAGES = ("math-verify", "latex2sympy2_extended")
 

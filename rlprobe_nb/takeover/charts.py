@@ -7,9 +7,10 @@ from __future__ import annotations
 import pandas as pd
 
 CRITERION_COLOURS = {"delta_logp": "#c0392b", "kl": "#2980b9", "entropy": "#8e44ad",
-                     "random": "#7f8c8d"}
+                     "calibrated": "#d35400", "random": "#7f8c8d"}
 NAMES = {"delta_logp": "Δlogp (checkpoint rejects the draw)", "kl": "KL(ref‖ckpt)",
-         "entropy": "reference entropy", "random": "random (seeded coin)"}
+         "entropy": "reference entropy",
+         "calibrated": "chapter 05's statistic (vs the placebo)", "random": "random (seeded coin)"}
 
 
 def _with_ends(curves: pd.DataFrame, y: str) -> pd.DataFrame:

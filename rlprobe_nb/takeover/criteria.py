@@ -8,6 +8,10 @@ sampling temperature). Higher scores are more reason to let the checkpoint choos
   entropy      the reference's entropy at the position (``entropy_ref``)
   random       a seeded coin: a uniform number in [0, 1) from the request's seed and the
                position, independent of the sampling noise (takeover at a matched rate)
+  calibrated   chapter 05's statistic of the position with the draw as its written token,
+               T = max(z of log D, |z| of the draw's log-odds change), standardised
+               against the placebo run at the checkpoint's step (``calibrated``): how
+               unusual the departure is for training without the reward's information
 
 Two more rules are the ends of every curve: ``never`` (the reference alone) and
 ``always`` (the checkpoint alone). The sums run in float64 over log-softmax of the fp32
@@ -17,11 +21,13 @@ metrics for the same text and positions.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from rlprobe_nb.generation import sampling
 
-CRITERIA = ("delta_logp", "kl", "entropy", "random")
+CRITERIA = ("delta_logp", "kl", "entropy", "random", "calibrated")
 ENDS = ("never", "always")
 COIN_SALT = 0x7A3C5F11  # the coin's stream is not the sampling noise's
 
@@ -39,8 +45,11 @@ def coin(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
 
 
 def scores(ref_logits: torch.Tensor, ckpt_logits: torch.Tensor, x_ref: torch.Tensor,
-           seeds: torch.Tensor, steps: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Every criterion's score per row, float64 on the CPU."""
+           seeds: torch.Tensor, steps: torch.Tensor,
+           calibrated: Callable | None = None) -> dict[str, torch.Tensor]:
+    """Every criterion's score per row, float64 on the CPU (``calibrated``: a scorer of
+    ``calibrated.Scorer``'s form, called with both log-softmaxes and the draws, where a
+    rule needs it)."""
     lq = torch.log_softmax(ref_logits.to(torch.float64), dim=-1)
     lp = torch.log_softmax(ckpt_logits.to(torch.float64), dim=-1)
     q = lq.exp()
@@ -51,6 +60,8 @@ def scores(ref_logits: torch.Tensor, ckpt_logits: torch.Tensor, x_ref: torch.Ten
     out = {"delta_logp": (lq[rows, x_ref] - lp[rows, x_ref]).cpu(),
            "kl": kl.clamp(min=0).cpu(), "entropy": entropy.clamp(min=0).cpu(),
            "random": coin(seeds.cpu(), steps.cpu())}
+    if calibrated is not None:
+        out["calibrated"] = calibrated(lq, lp, x_ref, entropy)
     return out
 
 

@@ -18,7 +18,9 @@ the same token (both draws agree, or no rule passes), so the rules of a request 
 as a tree of distinct prefixes: each *node* (one distinct prefix) is one row of the decode
 batch in both models, and when the rules at a node pick different tokens the node splits,
 its keys and values copied into a free slot. The cost is the number of distinct prefixes,
-not the number of rules: a sweep of twenty rules costs a few texts per request.
+not the number of rules: a sweep of twenty rules costs a few texts per request. A prompt
+is prefilled once per model (``PromptCache``: a problem's samples share it, and the
+reference's prompts can be kept for the next checkpoint's run).
 
 Slots. Key/value buffers per model hold one slot per live node (``SlotCache``, the
 book's decode loop's buffers, written through the same attention function); idle slots
@@ -84,12 +86,44 @@ class _Node:
                      {r: list(self.changed[r]) for r in rules})
 
 
+class PromptCache:
+    """One model's prompts as prefilled alone: the keys and values of each prompt and its
+    last logits, kept while they fit in ``max_bytes``. A prompt's prefill runs on it alone
+    (batch 1), so what it leaves is a function of the model and the prompt only: taken
+    from here it is the very same tensors. ``takeover_generate`` keeps one per model
+    for its run (a problem's samples share a prompt); ``table.run_takeover`` keeps the
+    reference's across checkpoints (every checkpoint's run prefills the same prompts)."""
+
+    def __init__(self, model, max_bytes: int = 1 << 30):
+        self.model, self.max_bytes = model, int(max_bytes)
+        self.entries: dict[tuple[int, ...], tuple[list, list, torch.Tensor]] = {}
+        self.bytes = self.hits = 0
+
+    def get(self, prompt: tuple[int, ...]):
+        found = self.entries.get(prompt)
+        self.hits += found is not None
+        return found
+
+    def put(self, prompt: tuple[int, ...], cache: SlotCache, slot: int, logits: torch.Tensor
+            ) -> None:
+        n = len(prompt)
+        keys = [k[slot, :, :n].clone() for k in cache.keys]
+        values = [v[slot, :, :n].clone() for v in cache.values]
+        size = sum(t.numel() * t.element_size() for t in keys + values) + \
+            logits.numel() * logits.element_size()
+        if self.bytes + size <= self.max_bytes:
+            self.entries[prompt] = (keys, values, logits.clone())
+            self.bytes += size
+
+
 class _Pair:
     """The two models' key/value buffers, slot for slot."""
 
-    def __init__(self, ref, ckpt, slots: int, length: int):
+    def __init__(self, ref, ckpt, slots: int, length: int,
+                 prompts: tuple[PromptCache, PromptCache] | None = None):
         p = next(ref.parameters())
         self.models, self.device, self.dtype = (ref, ckpt), p.device, p.dtype
+        self.prompts = prompts or (PromptCache(ref), PromptCache(ckpt))
         self.length = -(-length // SPAN_STEP) * SPAN_STEP
         self.caches = [SlotCache(*_cache_shape(m, slots, self.length), self.dtype, self.device)
                        for m in self.models]
@@ -114,13 +148,20 @@ class _Pair:
         ids = torch.tensor([prompt], device=self.device)
         mask = self._mask(self.positions_[:n][None, :] > self.positions_[:n][:, None])
         out = []
-        for model, cache in zip(self.models, self.caches):
+        for model, cache, kept in zip(self.models, self.caches, self.prompts):
+            found = kept.get(prompt)
+            if found is not None:
+                for buf, saved in zip(cache.keys + cache.values, found[0] + found[1]):
+                    buf[slot, :, :n] = saved
+                out.append(found[2])
+                continue
             cache.prefill_slot = slot
             try:
                 out.append(self._forward(model, cache, ids, self.positions_[:n][None],
                                          mask[None, None]))
             finally:
                 cache.prefill_slot = None
+            kept.put(prompt, cache, slot, out[-1])
         return out[0], out[1]
 
     def step(self, tokens: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,8 +207,9 @@ class _Run:
 
     def __init__(self, pair: _Pair, requests: Sequence[Request], temperature: float,
                  max_new_tokens: int, eos: set[int], finish: Callable | None,
-                 batch: int, record: Callable | None):
+                 batch: int, record: Callable | None, calibrated: Callable | None = None):
         self.pair, self.requests, self.temperature = pair, requests, float(temperature)
+        self.calibrated = calibrated
         self.max_new_tokens, self.eos, self.finish = max_new_tokens, eos, finish
         self.batch, self.record = batch, record
         self.nodes: list[_Node] = []
@@ -196,7 +238,8 @@ class _Run:
         dev = ref_logits.device
         x_ref = sampling.draw(ref_logits, seeds.to(dev), steps.to(dev), temps.to(dev)).cpu()
         x_ckpt = sampling.draw(ckpt_logits, seeds.to(dev), steps.to(dev), temps.to(dev)).cpu()
-        scores = criteria.scores(ref_logits, ckpt_logits, x_ref.to(dev), seeds, steps)
+        scores = criteria.scores(ref_logits, ckpt_logits, x_ref.to(dev), seeds, steps,
+                                 self.calibrated)
         if self.record is not None:
             self.record(nodes, x_ref, x_ckpt, scores)
         for b, node in enumerate(list(nodes)):
@@ -272,14 +315,19 @@ def takeover_generate(ref, ckpt, requests: Sequence[Request], eos: Sequence[int]
                       temperature: float, max_new_tokens: int, batch: int = 64,
                       finish: Callable[[list[int]], str | None] | None = None,
                       progress: Callable[[int], None] | None = None,
-                      record: Callable | None = None, stats: dict | None = None
-                      ) -> list[list[Written]]:
+                      record: Callable | None = None, stats: dict | None = None,
+                      calibrated: Callable | None = None,
+                      ref_prompts: PromptCache | None = None) -> list[list[Written]]:
     """Per request, per rule: what it wrote (``Written``). ``ref`` writes, ``ckpt`` takes
     over where a rule passes (see the module docstring); both are HF decoder-only models of
     one tokenizer on one device (Llama-like attention, as the book's decode loop needs).
     ``batch``: nodes decoded at a time (requests are admitted while fewer are live).
     ``record(nodes, x_ref, x_ckpt, scores)`` sees every decision (tests); ``stats`` gets
-    the run's cost (``node_steps``: rows forwarded through both models)."""
+    the run's cost (``node_steps``: rows forwarded through both models); ``calibrated``:
+    the scorer of the "calibrated" criterion (``calibrated.Scorer``), which its rules
+    need; ``ref_prompts``: the reference's ``PromptCache`` to reuse (another run's over
+    the same prompts), else a new one; ``stats`` also gets ``prompt_hits`` (prompts
+    taken from the caches)."""
     if not requests:
         return []
     if temperature < 0 or max_new_tokens < 1:
@@ -293,10 +341,18 @@ def takeover_generate(ref, ckpt, requests: Sequence[Request], eos: Sequence[int]
                              f"(NEVER and ALWAYS are the two ends)")
         for rule in req.rules:
             criteria.check_rule(rule)
+            if rule.criterion == "calibrated" and calibrated is None:
+                raise ValueError(f"request {i} has a calibrated rule but no scorer: pass "
+                                 "calibrated=calibrated.Scorer(...) (chapter 05's null)")
     length = max(len(r.prompt) for r in requests) + max_new_tokens
-    pair = _Pair(ref, ckpt, min(batch, len(requests)) * 2, length)
+    if ref_prompts is not None and ref_prompts.model is not ref:
+        raise ValueError("ref_prompts holds another model's prompts: give the reference's")
+    prompts = (ref_prompts or PromptCache(ref), PromptCache(ckpt))
+    hits_before = sum(c.hits for c in prompts)
+    pair = _Pair(ref, ckpt, min(batch, len(requests)) * 2, length, prompts)
+    needed = any(r.criterion == "calibrated" for req in requests for r in req.rules)
     run = _Run(pair, requests, temperature, max_new_tokens, {int(e) for e in eos}, finish,
-               batch, record)
+               batch, record, calibrated if needed else None)
     from transformers import AttentionInterface
 
     AttentionInterface.register(SLOT_ATTENTION, slot_attention)
@@ -310,5 +366,6 @@ def takeover_generate(ref, ckpt, requests: Sequence[Request], eos: Sequence[int]
             m.config._attn_implementation = prev
     if stats is not None:
         stats["node_steps"] = run.node_steps
+        stats["prompt_hits"] = sum(c.hits for c in prompts) - hits_before
     return [[run.results[(i, r)] for r in range(len(req.rules))]
             for i, req in enumerate(requests)]

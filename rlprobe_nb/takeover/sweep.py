@@ -6,7 +6,8 @@ quantile over the checkpoint's forced positions (chapter 03's token tables: the
 reference's own rollouts, each position scored exactly as the decoder scores it), so at
 budget b the rule would take over about b of the positions of a text like those. The
 share it actually takes over on the texts it writes is measured, and is what the curves
-are drawn against. The random criterion's threshold is 1 - b exactly (a uniform coin).
+are drawn against. The random criterion's threshold is 1 - b exactly (a uniform coin);
+the calibrated one's is a quantile of chapter 05's statistic (``calibrated``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from rlprobe_nb.suite.params import Params, ParamsError
+from rlprobe_nb.takeover import calibrated
 
 # criterion -> the token-table columns that give its score at the written token
 SCORE_OF = {
@@ -49,19 +51,23 @@ def check_checkpoints(P: Params, names: list[str]) -> list[str]:
 
 
 def thresholds(tokens: pd.DataFrame, checkpoint: str, criteria: list[str],
-               budgets: list[float]) -> pd.DataFrame:
+               budgets: list[float], scorer=None) -> pd.DataFrame:
     """One row per (criterion, budget): the threshold, and the share of the checkpoint's
-    forced positions above it (≈ the budget; ties can make it less)."""
+    forced positions above it (≈ the budget; ties can make it less). ``scorer``: the
+    checkpoint's ``calibrated.Scorer`` where the criteria include "calibrated"."""
     rows = tokens[tokens.checkpoint == checkpoint]
     if rows.empty and any(c != "random" for c in criteria):
         raise ValueError(f"no forced tokens of {checkpoint!r}: run notebook 03 for it first")
+    if "calibrated" in criteria and scorer is None:
+        raise ValueError("the calibrated criterion needs its scorer (calibrated.scorers)")
     out = []
     for criterion in criteria:
         for budget in budgets:
             if criterion == "random":
                 threshold, share = 1.0 - budget, budget
             else:
-                score = SCORE_OF[criterion](rows)
+                score = (calibrated.table_scores(rows, scorer.fitted) if criterion == "calibrated"
+                         else SCORE_OF[criterion](rows))
                 threshold = float(np.quantile(score, 1.0 - budget))
                 share = float(np.mean(score > threshold))
             out.append({"checkpoint": checkpoint, "criterion": criterion,
@@ -71,7 +77,8 @@ def thresholds(tokens: pd.DataFrame, checkpoint: str, criteria: list[str],
 
 
 def all_thresholds(tokens: pd.DataFrame, checkpoints: list[str], criteria: list[str],
-                   budgets: list[float]) -> pd.DataFrame:
-    """``thresholds`` of every checkpoint, one frame."""
-    return pd.concat([thresholds(tokens, c, criteria, budgets) for c in checkpoints],
-                     ignore_index=True)
+                   budgets: list[float], scorers: dict | None = None) -> pd.DataFrame:
+    """``thresholds`` of every checkpoint, one frame (``scorers``: checkpoint -> its
+    ``calibrated.Scorer``, where the criteria include "calibrated")."""
+    return pd.concat([thresholds(tokens, c, criteria, budgets, (scorers or {}).get(c))
+                      for c in checkpoints], ignore_index=True)

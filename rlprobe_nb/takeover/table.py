@@ -9,7 +9,9 @@ limit, stop_at_box, the seed, the prompt template, the dtype and the grader;
 
 Work goes shard by shard (one checkpoint and a chunk of problems) into
 ``takeover_shards``, so an interrupted run resumes where it stopped; the reference stays
-loaded and one checkpoint at a time beside it.
+loaded and one checkpoint at a time beside it, and the reference's prompts, prefilled
+alone, are kept for every checkpoint's shards (``lockstep.PromptCache``: the same tensors
+a new prefill would give).
 """
 
 from __future__ import annotations
@@ -61,8 +63,10 @@ def takeover_settings(P: Params, checkpoints: list[str], thresholds: pd.DataFram
 
 def write_rules(ref, ckpt, tokenizer, problems: pd.DataFrame, rules, *, P: Params,
                 checkpoint: str, samples: int, temperature: float, max_new_tokens: int,
-                stop_at_box: bool, seed: int, batch_rows: int) -> pd.DataFrame:
-    """Every rule's graded response for each problem and sample, in the table's columns."""
+                stop_at_box: bool, seed: int, batch_rows: int, scorer=None,
+                ref_prompts: lockstep.PromptCache | None = None) -> pd.DataFrame:
+    """Every rule's graded response for each problem and sample, in the table's columns
+    (``scorer``: the checkpoint's ``calibrated.Scorer``, for calibrated rules)."""
     requests, where = [], []
     for pid, text in zip(problems.problem_id, problems.problem):
         prompt = tuple(prompting.prompt_ids(tokenizer, text, P.prompt_template))
@@ -75,7 +79,7 @@ def write_rules(ref, ckpt, tokenizer, problems: pd.DataFrame, rules, *, P: Param
     written = lockstep.takeover_generate(
         ref, ckpt, requests, rollouts.eos_ids(ref, tokenizer), temperature=temperature,
         max_new_tokens=max_new_tokens, batch=batch_rows, finish=finish,
-        progress=bar.update)
+        progress=bar.update, calibrated=scorer, ref_prompts=ref_prompts)
     bar.close()
     gold = dict(zip(problems.problem_id, problems.answer))
     records = []
@@ -111,13 +115,16 @@ def run_takeover(P: Params, checkpoints: list[str], thresholds: pd.DataFrame,
                  settings: dict, manifest: dict, *, samples: int, temperature: float,
                  max_new_tokens: int, stop_at_box: bool, seed: int, batch_rows: int,
                  problems_per_shard: int = 50, overwrite: bool = False,
-                 producer: str = "notebooks/09_takeover") -> pd.DataFrame:
-    """Write the suite's ``takeover`` table (or reuse it: same key) and return it."""
+                 producer: str = "notebooks/09_takeover", scorers: dict | None = None
+                 ) -> pd.DataFrame:
+    """Write the suite's ``takeover`` table (or reuse it: same key) and return it
+    (``scorers``: checkpoint -> its ``calibrated.Scorer``, for calibrated rules)."""
     done, work = lineage.begin_derived(P, "takeover", settings, schemas.TAKEOVER, UNIQUE,
                                        overwrite, producer)
     if done is not None:
         return done
     loaded: dict = {}
+    kept: dict = {}  # the reference's prompts, prefilled once for every checkpoint
 
     def model(name: str):
         if name not in loaded:
@@ -129,11 +136,15 @@ def run_takeover(P: Params, checkpoints: list[str], thresholds: pd.DataFrame,
     def job(checkpoint: str, part: pd.DataFrame) -> Callable[[], pd.DataFrame]:
         def run() -> pd.DataFrame:
             ref, ckpt = model(P.reference), model(checkpoint)
+            if kept.get("model") is not ref.model:
+                kept.update(model=ref.model, prompts=lockstep.PromptCache(ref.model))
             return write_rules(ref.model, ckpt.model, ref.tokenizer, part,
                                rules_of(thresholds, checkpoint), P=P, checkpoint=checkpoint,
                                samples=samples, temperature=temperature,
                                max_new_tokens=max_new_tokens, stop_at_box=stop_at_box,
-                               seed=seed, batch_rows=batch_rows)
+                               seed=seed, batch_rows=batch_rows,
+                               scorer=(scorers or {}).get(checkpoint),
+                               ref_prompts=kept["prompts"])
         return run
 
     jobs = []
@@ -145,6 +156,7 @@ def run_takeover(P: Params, checkpoints: list[str], thresholds: pd.DataFrame,
     distributed.run_shards(work, jobs, manifest)
     frame = storage.read_table(work.folder)
     loaded.clear()
+    kept.clear()
     grading.shutdown()
     lineage.write_derived(P, "takeover", frame, schemas.TAKEOVER, manifest, settings, producer)
     shutil.rmtree(work.folder, ignore_errors=True)
