@@ -37,9 +37,8 @@ FINDING = views.finding_slot()  # the chapter's finding, written here once its t
 # (log p_ref − log p_ckpt of that token: the checkpoint vetoes it); **KL**(ref‖ckpt) at
 # the position; the reference's **entropy**; chapter 05's **calibrated** statistic
 # (how unusual the departure at the position is against the placebo run at the
-# checkpoint's step; where the suite's `takeover.criteria` names it: the demo leaves it
-# to `params/demo_scaled` for time); and a seeded **random** coin at a matched rate, the
-# null. Every curve is drawn for three RLVR steps and for the placebo at the
+# checkpoint's step, in either direction); and a seeded **random** coin at a matched
+# rate, the null. Every curve is drawn for three RLVR steps and for the placebo at the
 # last step (the same training with permuted rewards). The share of the checkpoint's
 # gain recovered, (acc − acc_ref) / (acc_ckpt − acc_ref), says how much of what RLVR
 # changed in the answers those few positions carry.
@@ -183,6 +182,20 @@ if len(GAINING):
                        save_as=figures / "09_takeover_recovered"))
 else:
     print("no RLVR checkpoint gains over the reference on these problems: no gain to recover")
+
+# %% [markdown]
+# ## Where each criterion spends its budget
+#
+# On the checkpoint's forced positions (the reference's own rollouts, chapter 03), the
+# positions above each threshold: at how many of them the checkpoint's own first choice
+# is the token written (taking over there changes nothing) and how many are endorsements
+# (the checkpoint raised that token's probability). A criterion that scores departures in
+# both directions spends much of its budget where the checkpoint agrees with the draw.
+
+# %%
+SPENT = sweep.budget_spent(TOKENS, THRESHOLDS, SCORERS)
+print("\n".join(narrative.budget_lines(SPENT, TARGET)))
+SPENT
 
 # %% [markdown]
 # ## How few positions: the headline

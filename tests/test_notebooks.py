@@ -201,17 +201,19 @@ def test_chapter_09_prints_its_cost_first_and_its_ends_match_each_model_alone(sm
     assert (figures / "09_takeover.html").exists(), small_book["log"][-3000:]
     text = outputs(figures / "09_takeover.ipynb")
     assert text.index("to write:") < text.index("written and graded"), "cost before sampling"
+    monkeypatch.setenv("RLPROBE_OUT", small_book["env"]["RLPROBE_OUT"])
+    monkeypatch.setenv("RLPROBE_PARAMS", small_book["env"]["RLPROBE_PARAMS"])
+    T = params.load("demo").takeover
     take = storage.read_table(data / "takeover")
     per = take.groupby(["checkpoint", "problem_id"]).size()
-    assert per.nunique() == 1 and per.iloc[0] == 2 + 4 * 2  # ends + 4 criteria x 2 budgets
+    assert per.nunique() == 1 and per.iloc[0] == 2 + len(T.criteria) * len(T.budgets)  # + ends
+    assert "calibrated" in set(take.criterion) and "against the placebo" in text
     never = take[take.criterion == "never"]
     assert never.groupby("problem_id").response.nunique().max() == 1
     assert (never.taken.map(len) == 0).all()
     always = take[take.criterion == "always"]
     assert (always.taken.map(len) == always.n_tokens).all()
     assert "finding is written here" not in text.split("to write:")[0]
-    monkeypatch.setenv("RLPROBE_OUT", small_book["env"]["RLPROBE_OUT"])
-    monkeypatch.setenv("RLPROBE_PARAMS", small_book["env"]["RLPROBE_PARAMS"])
     from rlprobe_nb.tables import lineage
     assert len(lineage.read_derived(params.load("demo"), "takeover")) == len(take)
 

@@ -116,3 +116,16 @@ def finding(head: pd.DataFrame, curves: pd.DataFrame, arithmetic: pd.DataFrame, 
                  f"{_pct(base.reindex(list(ARITHMETIC)).sum())} of all positions the "
                  "reference writes.")
     return text
+
+
+def budget_lines(spent: pd.DataFrame, target: str) -> list[str]:
+    """Per criterion, at the target's smallest budget: how much of what it picks on the
+    forced positions the checkpoint would write anyway."""
+    part = spent[spent.checkpoint == target]
+    if part.empty:
+        return []
+    low = part[part.budget == part.budget.min()]
+    bits = [f"{NAMES.get(r.criterion, r.criterion)} {_pct(r.top1_is_written)} "
+            f"({_pct(r.endorsed)} endorsements, of {r.picked:,})" for r in low.itertuples()]
+    return [f"{target}, budget {low.budget.iloc[0]:g}: of the forced positions each criterion "
+            f"picks, the checkpoint's own top-1 is the written token at " + "; ".join(bits)]

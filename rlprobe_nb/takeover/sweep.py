@@ -82,3 +82,31 @@ def all_thresholds(tokens: pd.DataFrame, checkpoints: list[str], criteria: list[
     ``calibrated.Scorer``, where the criteria include "calibrated")."""
     return pd.concat([thresholds(tokens, c, criteria, budgets, (scorers or {}).get(c))
                       for c in checkpoints], ignore_index=True)
+
+
+def budget_spent(tokens: pd.DataFrame, thresholds: pd.DataFrame, scorers: dict | None = None
+                 ) -> pd.DataFrame:
+    """Where each rule spends its budget on the checkpoint's forced positions: per
+    (checkpoint, criterion, budget), the positions above the threshold, the share of
+    them where the checkpoint's own top-1 is the written token (a takeover there changes
+    nothing) and the share where it raised the written token's probability (an
+    endorsement rather than a veto). The random criterion picks a uniform share."""
+    out = []
+    for (checkpoint, criterion), part in thresholds.groupby(["checkpoint", "criterion"],
+                                                            sort=False):
+        if criterion == "random":
+            continue
+        rows = tokens[tokens.checkpoint == checkpoint]
+        score = (calibrated.table_scores(rows, scorers[checkpoint].fitted)
+                 if criterion == "calibrated" else SCORE_OF[criterion](rows))
+        same = rows.rank_ckpt.to_numpy() == 1
+        up = rows.logp_ckpt.to_numpy(np.float64) > rows.logp_ref.to_numpy(np.float64)
+        for r in part.itertuples():
+            picked = score > r.threshold
+            n = int(picked.sum())
+            out.append({"checkpoint": checkpoint, "criterion": criterion,
+                        "budget": r.budget, "picked": n,
+                        "top1_is_written": float(same[picked].mean()) if n else np.nan,
+                        "endorsed": float(up[picked].mean()) if n else np.nan})
+    return pd.DataFrame(out, columns=["checkpoint", "criterion", "budget", "picked",
+                                      "top1_is_written", "endorsed"])
