@@ -207,7 +207,7 @@ def test_chapter_09_prints_its_cost_first_and_its_ends_match_each_model_alone(sm
     take = storage.read_table(data / "takeover")
     per = take.groupby(["checkpoint", "problem_id"]).size()
     assert per.nunique() == 1 and per.iloc[0] == 2 + len(T.criteria) * len(T.budgets)  # + ends
-    assert "calibrated" in set(take.criterion) and "against the placebo" in text
+    assert "calibrated" in set(take.criterion) and "the placebo run at step" in text
     never = take[take.criterion == "never"]
     assert never.groupby("problem_id").response.nunique().max() == 1
     assert (never.taken.map(len) == 0).all()
