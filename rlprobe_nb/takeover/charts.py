@@ -33,7 +33,8 @@ def curve_chart(curves: pd.DataFrame, y: str = "acc", title: str = "", width: in
     order = list(data.sort_values(["run", "step"], ascending=[False, True]).panel.unique())
     names = [NAMES[c] for c in CRITERION_COLOURS]
     colour = alt.Color("line:N", title="criterion", scale=alt.Scale(
-        domain=names, range=list(CRITERION_COLOURS.values())))
+        domain=names, range=list(CRITERION_COLOURS.values())),
+        legend=alt.Legend(labelLimit=320))
     label = {"acc": "accuracy (95% interval over problems)",
              "recovered": "share of the checkpoint's gain recovered",
              "of_target": "share of the target's gain recovered"}[y]
@@ -42,13 +43,16 @@ def curve_chart(curves: pd.DataFrame, y: str = "acc", title: str = "", width: in
               axis=alt.Axis(values=[0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1], format=".0%"))
     tip = ["checkpoint", "criterion", "budget", "threshold", "share_taken", "share_changed",
            y, f"{y}_low", f"{y}_high", "problems"]
-    lines = alt.Chart(data).mark_line(point=True).encode(
+    # every layer reads the facet's one dataset (a layer with data of its own would not
+    # be split by panel: each panel would draw every checkpoint)
+    lines = alt.Chart().mark_line(point=True).encode(
         x=x, y=alt.Y(f"{y}:Q", title=label), color=colour, order="share_taken:Q", tooltip=tip)
     layers = [lines]
-    spans = data[data[f"{y}_low"].notna() & data[f"{y}_high"].notna()]
-    if len(spans):  # an interval only where it exists (an empty layer has no extent)
-        layers.insert(0, alt.Chart(spans).mark_errorbar().encode(
-            x=x, y=alt.Y(f"{y}_low:Q", title=label), y2=f"{y}_high:Q", color=colour))
+    if (data[f"{y}_low"].notna() & data[f"{y}_high"].notna()).any():
+        # an interval only where it exists (an empty layer has no extent)
+        layers.insert(0, alt.Chart().mark_errorbar().encode(
+            x=x, y=alt.Y(f"{y}_low:Q", title=label), y2=f"{y}_high:Q", color=colour
+        ).transform_filter(f"isValid(datum.{y}_low) && isValid(datum.{y}_high)"))
     return alt.layer(*layers, data=data).properties(width=width, height=200).facet(
         facet=alt.Facet("panel:N", title=None, sort=order), columns=4, title=title)
 
