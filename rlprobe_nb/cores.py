@@ -22,11 +22,15 @@ CORES_FILE_ENV = "RLPROBE_CORES_FILE"
 
 
 def available() -> int:
-    """Cores this process may run on."""
+    """Threads the book's kernels may use in all: the cores this process may run on, or
+    fewer where ``OMP_NUM_THREADS`` says so (a test session that runs the book beside its
+    other tests keeps it at one: more would only spin)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    limit = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return max(1, min(cores, int(limit))) if limit.isdigit() and int(limit) > 0 else cores
 
 
 def adopt() -> int | None:

@@ -46,3 +46,14 @@ def test_a_lane_stops_at_its_failure_and_the_other_lane_runs_to_its_end(tmp_path
     assert sorted(finished) == [0, 1, 4]
     assert dict(shares)["03"] == 2, "a wave of one lane is not shared out"
     assert lanes.running == 0
+
+
+def test_a_thread_limit_in_the_environment_caps_every_share(tmp_path, monkeypatch):
+    """The test session's small book runs with OMP_NUM_THREADS=1 beside other tests: the
+    lane left alone must not take a second thread."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with cores.Lanes(tmp_path) as lanes:
+        lanes.started()
+        assert lanes.share() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "")
+    assert cores.available() >= 1
