@@ -68,3 +68,22 @@ def small_book(small_book_build):
     yield book
     changed = session_book.changed_files(book, built["files"])
     assert not changed, f"a test wrote into the shared small book: {changed[:10]}"
+
+
+@pytest.fixture(autouse=True)
+def sigint_as_it_was(request):
+    """Ctrl-C's handler after every test as before it. A library that starts worker
+    processes can leave SIGINT ignored in the test process (its children then inherit
+    the ignored signal): the Ctrl-C tests of the book would then wait for a signal that
+    never arrives. Restored, and named, so the leak is seen rather than inherited."""
+    import signal
+
+    import warnings
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        warnings.warn(f"{request.node.nodeid} left SIGINT's handler changed ({before!r} -> "
+                      f"{after!r}); restored")

@@ -19,6 +19,15 @@ from rlprobe_nb import book, book_runs, kernels
 from rlprobe_nb.suite import paths
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt here, whatever an earlier test of this process left
+    (an ignored SIGINT is also inherited by the book started below)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def test_ctrl_c_stops_both_runs_of_a_wave_at_once_without_a_traceback(monkeypatch, capsys,
                                                                        tmp_path):
     """Before, the book waited for both notebooks of a two-notebook wave to finish and
