@@ -129,7 +129,7 @@ def run_waves(plan: list[tuple[Path, dict, str]], waves: list[Wave],
     lock = threading.Lock()
     for wave in waves:
         current: dict[int, int] = {}
-        share = lanes() if lanes is not None and len(wave) > 1 else contextlib.nullcontext()
+        share = lanes() if lanes is not None and len(wave) > 1 else None
 
         def lane_run(number: int, lane: list[int]) -> tuple[int, NotebookFailed] | None:
             try:
@@ -149,14 +149,14 @@ def run_waves(plan: list[tuple[Path, dict, str]], waves: list[Wave],
                         finished(i, outcome)
                 return None
             finally:
-                if hasattr(share, "ended"):
+                if share is not None:
                     share.ended()
 
-        with share:
+        with share or contextlib.nullcontext():
             pool = cf.ThreadPoolExecutor(len(wave))
             done = []
             for number, lane in enumerate(wave):
-                if hasattr(share, "started"):
+                if share is not None:
                     share.started()
                 done.append(pool.submit(lane_run, number, lane))
             complete = _wait_or_interrupt(done, lambda: [plan[i][2] for i in current.values()])
@@ -168,8 +168,8 @@ def run_waves(plan: list[tuple[Path, dict, str]], waves: list[Wave],
                   + (f"; partial notebooks: {', '.join(partial)}" if partial else ""),
                   file=sys.stderr)
             return 130
-        failures = sorted(f.result() for f in done if f.result() is not None)
+        failures = [r for r in (f.result() for f in done) if r is not None]
         if failures:
-            failed(*failures[0])
+            failed(*min(failures, key=lambda r: r[0]))  # the first in plan order
             return 1
     return 0

@@ -43,8 +43,10 @@ does the same.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import threading
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -101,11 +103,19 @@ def run_sharded(task: Callable[[list, Any], None], items: Sequence, workers: int
     from accelerate import notebook_launcher
 
     saved = {k: os.environ.pop(k) for k in LAUNCHER_ENV if k in os.environ}
+    # torch elastic, under the launcher, puts its own handlers on SIGINT and SIGTERM and
+    # leaves them: a later Ctrl-C of this process would raise its SignalException, not
+    # KeyboardInterrupt (handlers can be set from the main thread only)
+    main = threading.current_thread() is threading.main_thread()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         notebook_launcher(_worker, args=(task, items), num_processes=n,
                           use_port=str(_free_port()))
     finally:
         os.environ.update(saved)
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
     return n
 
 
