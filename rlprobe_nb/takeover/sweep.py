@@ -50,6 +50,15 @@ def check_checkpoints(P: Params, names: list[str]) -> list[str]:
     return list(names)
 
 
+def forced_scores(rows: pd.DataFrame, criterion: str, scorer=None) -> np.ndarray:
+    """A criterion's score at every forced position of ``rows`` (one checkpoint's token
+    table), its written token as the draw; ``scorer``: the checkpoint's
+    ``calibrated.Scorer`` for "calibrated"."""
+    if criterion == "calibrated":
+        return calibrated.table_scores(rows, scorer.fitted)
+    return SCORE_OF[criterion](rows)
+
+
 def thresholds(tokens: pd.DataFrame, checkpoint: str, criteria: list[str],
                budgets: list[float], scorer=None) -> pd.DataFrame:
     """One row per (criterion, budget): the threshold, and the share of the checkpoint's
@@ -66,8 +75,7 @@ def thresholds(tokens: pd.DataFrame, checkpoint: str, criteria: list[str],
             if criterion == "random":
                 threshold, share = 1.0 - budget, budget
             else:
-                score = (calibrated.table_scores(rows, scorer.fitted) if criterion == "calibrated"
-                         else SCORE_OF[criterion](rows))
+                score = forced_scores(rows, criterion, scorer)
                 threshold = float(np.quantile(score, 1.0 - budget))
                 share = float(np.mean(score > threshold))
             out.append({"checkpoint": checkpoint, "criterion": criterion,
@@ -97,8 +105,7 @@ def budget_spent(tokens: pd.DataFrame, thresholds: pd.DataFrame, scorers: dict |
         if criterion == "random":
             continue
         rows = tokens[tokens.checkpoint == checkpoint]
-        score = (calibrated.table_scores(rows, scorers[checkpoint].fitted)
-                 if criterion == "calibrated" else SCORE_OF[criterion](rows))
+        score = forced_scores(rows, criterion, (scorers or {}).get(checkpoint))
         same = rows.rank_ckpt.to_numpy() == 1
         up = rows.logp_ckpt.to_numpy(np.float64) > rows.logp_ref.to_numpy(np.float64)
         for r in part.itertuples():

@@ -136,8 +136,8 @@ def run_takeover(P: Params, checkpoints: list[str], thresholds: pd.DataFrame,
     def job(checkpoint: str, part: pd.DataFrame) -> Callable[[], pd.DataFrame]:
         def run() -> pd.DataFrame:
             ref, ckpt = model(P.reference), model(checkpoint)
-            if kept.get("model") is not ref.model:
-                kept.update(model=ref.model, prompts=lockstep.PromptCache(ref.model))
+            if "prompts" not in kept or kept["prompts"].model is not ref.model:
+                kept["prompts"] = lockstep.PromptCache(ref.model)
             return write_rules(ref.model, ckpt.model, ref.tokenizer, part,
                                rules_of(thresholds, checkpoint), P=P, checkpoint=checkpoint,
                                samples=samples, temperature=temperature,
