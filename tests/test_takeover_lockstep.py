@@ -372,6 +372,50 @@ def test_results_do_not_depend_on_the_batch(world, run, monkeypatch):
     assert _as_tuples(two) == _as_tuples(run.written)
 
 
+def test_a_memory_cap_admits_fewer_and_writes_the_same(world, run, monkeypatch):
+    """Where the device's memory holds few slots (``slot_limit``, CUDA only: forced here),
+    requests are admitted while the live nodes fill half of them, the buffers grow past
+    the cap only by the one slot a split needs, and the texts are the same."""
+    monkeypatch.setattr(lockstep, "slot_limit", lambda ref, ckpt, length, reserve: 6)
+    growths = []
+    grow = lockstep._Pair.grow
+
+    def tracked(self, extra):
+        before = self.slots
+        grow(self, extra)
+        growths.append((before, self.slots))
+    monkeypatch.setattr(lockstep._Pair, "grow", tracked)
+    live = []
+    stats = {}
+    written = _takeover(world, _requests(world), batch=64, stats=stats,
+                        record=lambda nodes, *_: live.append(len(nodes)))
+    assert _as_tuples(written) == _as_tuples(run.written)
+    assert stats["slot_limit"] == 6 and growths
+    assert all(after - before == 1 for before, after in growths if after > 6), growths
+    assert max(live) > 3  # splits went past the admission cap (3), as they may
+
+
+def test_out_of_memory_halves_the_batch_and_keeps_what_finished(world, run, monkeypatch):
+    """An out-of-memory error mid-run: a warning, the unfinished requests decoded again
+    with half the nodes at a time, the same texts, and the progress counts each rule's
+    text once."""
+    step, calls = lockstep._Pair.step, {"n": 0}
+
+    def failing_once(self, tokens, pos):
+        calls["n"] += 1
+        if calls["n"] == 20:  # after some rules' texts ended (EOS), before the rest
+            raise RuntimeError("CUDA error: out of memory")
+        return step(self, tokens, pos)
+    monkeypatch.setattr(lockstep._Pair, "step", failing_once)
+    done = []
+    with pytest.warns(UserWarning, match="out of GPU memory in takeover decoding at 64 "
+                                         "nodes at a time: the unfinished requests again at 32"):
+        written = _takeover(world, _requests(world), batch=64, progress=done.append)
+    assert calls["n"] > 20
+    assert _as_tuples(written) == _as_tuples(run.written)
+    assert sum(done) == len(SEEDS) * len(RULES) and min(done) < 0  # partial texts taken back
+
+
 def test_cost_is_the_distinct_prefixes(run):
     """node_steps (rows forwarded after the prompts) is the number of distinct proper
     prefixes of the texts written (one node per prefix): at most the distinct texts'

@@ -69,6 +69,9 @@ class SlotCache:
             buf[dst, :, :n] = buf[src, :, :n]
 
     def select(self, keep: torch.Tensor) -> None:
-        self.keys = [k[keep] for k in self.keys]
-        self.values = [v[keep] for v in self.values]
+        """Keep the slots ``keep``, one buffer at a time (so the old and the new copy of
+        only one layer's buffer are in memory together)."""
+        for bufs in (self.keys, self.values):
+            for i, buf in enumerate(bufs):
+                bufs[i] = buf[keep]
         self.rows = torch.arange(len(keep), device=keep.device)

@@ -151,7 +151,8 @@ class TakeoverParams:
     temperature: float = 0.7
     max_new_tokens: Optional[int] = None  # None: the filtering answers' limit
     stop_at_box: bool = True  # a response ends once it has closed a box (graded then)
-    batch_rows: int = 256  # distinct prefixes decoded at a time (not in any key)
+    batch_rows: int = 256  # distinct prefixes decoded at a time (not in any key; on CUDA at
+    # most half the slots the free memory holds)
     seed: int = 0
 
 

@@ -28,18 +28,30 @@ are masked, the buffers grow when a split needs a slot and none is free, and shr
 live slots once half of them are idle and no request waits. Each node's tokens depend on
 its own prompt, seed and rules, and on the batch shapes (the rounding of the matrix
 products: the same inputs in the same order give the same tokens).
+
+Memory (CUDA). A slot holds both models' keys and values for the whole text length, and a
+decision holds float64 arrays over the vocabulary per row: at 8B (Llama-3.1, bf16, 1,344
+positions) a slot is about 350 MB, so the slots are sized by the device's free memory
+(``slot_limit``): requests are admitted while the live nodes fill at most half of what
+it holds (the rest is room for splits), and the buffers never grow past it but by the one
+slot a split needs. An out-of-memory error all the same halves the number of nodes
+decoded at a time and decodes the unfinished requests again (what finished is kept). On
+the CPU nothing is capped.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from rlprobe_nb.generation import sampling
-from rlprobe_nb.generation.decoding import SLOT_ATTENTION, SPAN_STEP, _model_shape, finish_reason
+from rlprobe_nb.generation.decoding import (SLOT_ATTENTION, SPAN_STEP, _model_shape,
+                                            finish_reason, kv_bytes_per_slot)
+from rlprobe_nb.generation.out_of_memory import halving_on_oom
 from rlprobe_nb.generation.slot_cache import SlotCache, slot_attention
 from rlprobe_nb.takeover import criteria
 
@@ -53,6 +65,23 @@ class Rule:
 
 
 NEVER, ALWAYS = Rule("never"), Rule("always")
+ROW_TEMPORARIES = 12  # float64 arrays over the vocabulary a decision holds per row (the two
+# log-softmaxes, probabilities, the criteria's products; the calibrated scorer's too)
+
+
+def slot_limit(ref, ckpt, length: int, reserve: int = 0) -> int | None:
+    """The most slots the free memory of the models' CUDA device holds (both models' keys
+    and values over ``length`` positions and a decision's temporaries per slot), once
+    ``reserve`` bytes (the prompt caches' room) and a tenth are kept free; None on the
+    CPU."""
+    device = next(ref.parameters()).device
+    if device.type != "cuda":
+        return None
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    per_slot = (kv_bytes_per_slot(ref, length) + kv_bytes_per_slot(ckpt, length)
+                + ROW_TEMPORARIES * 8 * ref.config.vocab_size)
+    return max(2, int((0.9 * free - reserve) // per_slot))
 
 
 @dataclass(frozen=True)
@@ -120,8 +149,10 @@ class _Pair:
     """The two models' key/value buffers, slot for slot."""
 
     def __init__(self, ref, ckpt, slots: int, length: int,
-                 prompts: tuple[PromptCache, PromptCache] | None = None):
+                 prompts: tuple[PromptCache, PromptCache] | None = None,
+                 limit: int | None = None):
         p = next(ref.parameters())
+        self.limit = limit  # the most slots the buffers may hold (None: no cap)
         self.models, self.device, self.dtype = (ref, ckpt), p.device, p.dtype
         self.prompts = prompts or (PromptCache(ref), PromptCache(ckpt))
         self.length = -(-length // SPAN_STEP) * SPAN_STEP
@@ -179,6 +210,21 @@ class _Pair:
         for cache in self.caches:
             cache.copy_slot(src, [dst], n)
 
+    def take(self) -> int:
+        """A free slot, the buffers grown by half (past ``limit`` only by one) if none is."""
+        if not self.free:
+            extra = max(8, self.slots // 2)
+            if self.limit is not None:
+                extra = max(1, min(extra, self.limit - self.slots))
+            self.grow(extra)
+        return self.free.pop()
+
+    def release(self) -> None:
+        """Drop the buffers (an out-of-memory error's traceback keeps this object)."""
+        for cache in self.caches:
+            cache.keys.clear()
+            cache.values.clear()
+
     def grow(self, extra: int) -> None:
         for cache in self.caches:
             for bufs in (cache.keys, cache.values):
@@ -207,22 +253,21 @@ class _Run:
 
     def __init__(self, pair: _Pair, requests: Sequence[Request], temperature: float,
                  max_new_tokens: int, eos: set[int], finish: Callable | None,
-                 batch: int, record: Callable | None, calibrated: Callable | None = None):
+                 batch: int, record: Callable | None, calibrated: Callable | None = None,
+                 results: dict | None = None):
         self.pair, self.requests, self.temperature = pair, requests, float(temperature)
         self.calibrated = calibrated
         self.max_new_tokens, self.eos, self.finish = max_new_tokens, eos, finish
         self.batch, self.record = batch, record
         self.nodes: list[_Node] = []
-        self.results: dict[tuple[int, int], Written] = {}
+        self.results: dict[tuple[int, int], Written] = {} if results is None else results
         self.node_steps = 0  # rows forwarded in both models: the run's cost
 
     def admit(self, queue: deque) -> None:
         while queue and len(self.nodes) < self.batch:
             i = queue.popleft()
             req = self.requests[i]
-            if not self.pair.free:
-                self.pair.grow(max(8, self.pair.slots // 2))
-            node = _Node(i, self.pair.free.pop(), [], list(range(len(req.rules))),
+            node = _Node(i, self.pair.take(), [], list(range(len(req.rules))),
                          {r: [] for r in range(len(req.rules))},
                          {r: [] for r in range(len(req.rules))})
             ref_logits, ckpt_logits = self.pair.prefill(req.prompt, node.slot)
@@ -236,8 +281,12 @@ class _Run:
         steps = torch.tensor([len(n.ids) for n in nodes], dtype=torch.long)
         temps = torch.full((len(nodes),), self.temperature, dtype=torch.float64)
         dev = ref_logits.device
-        x_ref = sampling.draw(ref_logits, seeds.to(dev), steps.to(dev), temps.to(dev)).cpu()
-        x_ckpt = sampling.draw(ckpt_logits, seeds.to(dev), steps.to(dev), temps.to(dev)).cpu()
+        # eager on CUDA too: the rows change from step to step, and a sampler compiled
+        # for fixed shapes compiles again for each new number (eight times, then a warning)
+        x_ref = sampling.draw(ref_logits, seeds.to(dev), steps.to(dev), temps.to(dev),
+                              compiled=False).cpu()
+        x_ckpt = sampling.draw(ckpt_logits, seeds.to(dev), steps.to(dev), temps.to(dev),
+                               compiled=False).cpu()
         scores = criteria.scores(ref_logits, ckpt_logits, x_ref.to(dev), seeds, steps,
                                  self.calibrated)
         if self.record is not None:
@@ -260,9 +309,7 @@ class _Run:
         children = [node]
         node.rules = groups[0][1]
         for _, rs in groups[1:]:
-            if not self.pair.free:
-                self.pair.grow(max(8, self.pair.slots // 2))
-            child = node.fork(rs, self.pair.free.pop())
+            child = node.fork(rs, self.pair.take())
             self.pair.copy(node.slot, child.slot, len(self.requests[node.request].prompt) + pos)
             self.nodes.append(child)
             children.append(child)
@@ -297,8 +344,9 @@ class _Run:
         for node in self.nodes:
             node.slot = moved[node.slot]
 
-    def run(self, progress: Callable[[int], None]) -> None:
-        queue = deque(range(len(self.requests)))
+    def run(self, order: Sequence[int], progress: Callable[[int], None]) -> None:
+        """Decode the requests of ``order`` (indices into ``requests``)."""
+        queue = deque(order)
         self.admit(queue)
         while self.nodes:
             done = len(self.results)
@@ -321,15 +369,64 @@ def takeover_generate(ref, ckpt, requests: Sequence[Request], eos: Sequence[int]
     """Per request, per rule: what it wrote (``Written``). ``ref`` writes, ``ckpt`` takes
     over where a rule passes (see the module docstring); both are HF decoder-only models of
     one tokenizer on one device (Llama-like attention, as the book's decode loop needs).
-    ``batch``: nodes decoded at a time (requests are admitted while fewer are live).
-    ``record(nodes, x_ref, x_ckpt, scores)`` sees every decision (tests); ``stats`` gets
-    the run's cost (``node_steps``: rows forwarded through both models); ``calibrated``:
-    the scorer of the "calibrated" criterion (``calibrated.Scorer``), which its rules
-    need; ``ref_prompts``: the reference's ``PromptCache`` to reuse (another run's over
-    the same prompts), else a new one; ``stats`` also gets ``prompt_hits`` (prompts
-    taken from the caches)."""
+    ``batch``: nodes decoded at a time (requests are admitted while fewer are live; on
+    CUDA at most half of what the free memory holds, and halved after an out-of-memory
+    error). ``record(nodes, x_ref, x_ckpt, scores)`` sees every decision (tests);
+    ``stats`` gets the run's cost (``node_steps``: rows forwarded through both models;
+    ``prompt_hits``: prompts taken from the caches; ``slot_limit``: the memory's cap on
+    slots, None on the CPU); ``calibrated``: the scorer of the "calibrated" criterion
+    (``calibrated.Scorer``), which its rules need; ``ref_prompts``: the reference's
+    ``PromptCache`` to reuse (another run's over the same prompts), else a new one."""
     if not requests:
         return []
+    _check_requests(requests, temperature, max_new_tokens, calibrated)
+    if ref_prompts is not None and ref_prompts.model is not ref:
+        raise ValueError("ref_prompts holds another model's prompts: give the reference's")
+    length = max(len(r.prompt) for r in requests) + max_new_tokens
+    prompts = (ref_prompts or PromptCache(ref), PromptCache(ckpt))
+    hits_before = sum(c.hits for c in prompts)
+    needed = any(r.criterion == "calibrated" for req in requests for r in req.rules)
+    limit = slot_limit(ref, ckpt, length, sum(max(0, c.max_bytes - c.bytes) for c in prompts))
+    results: dict[tuple[int, int], Written] = {}
+    cost = {"node_steps": 0}
+    report = progress or (lambda k: None)
+
+    def attempt(size: int) -> None:
+        unfinished = [i for i, req in enumerate(requests)
+                      if any((i, r) not in results for r in range(len(req.rules)))]
+        todo = set(unfinished)
+        partial = [key for key in results if key[0] in todo]
+        for key in partial:  # a request is decoded again whole
+            del results[key]
+        if partial:
+            report(-len(partial))
+        slots = min(size, len(unfinished)) * (2 if limit is None else 1)
+        pair = _Pair(ref, ckpt, slots, length, prompts, limit)
+        run = _Run(pair, requests, temperature, max_new_tokens, {int(e) for e in eos},
+                   finish, size, record, calibrated if needed else None, results)
+        try:
+            run.run(unfinished, report)
+        except Exception:
+            pair.release()
+            raise
+        finally:
+            cost["node_steps"] += run.node_steps
+
+    # under a memory cap, admit while the live nodes fill half of it: splits take the rest
+    start = batch if limit is None else max(1, min(batch, limit // 2))
+    with _slot_attention(ref, ckpt):
+        halving_on_oom(attempt, start, lambda old, new: (
+            f"out of GPU memory in takeover decoding at {old} nodes at a time: the "
+            f"unfinished requests again at {new}"))
+    if stats is not None:
+        stats.update(cost, prompt_hits=sum(c.hits for c in prompts) - hits_before,
+                     slot_limit=limit)
+    return [[results[(i, r)] for r in range(len(req.rules))]
+            for i, req in enumerate(requests)]
+
+
+def _check_requests(requests: Sequence[Request], temperature: float, max_new_tokens: int,
+                    calibrated: Callable | None) -> None:
     if temperature < 0 or max_new_tokens < 1:
         raise ValueError(f"need temperature >= 0 and max_new_tokens >= 1, got "
                          f"{temperature}, {max_new_tokens}")
@@ -344,28 +441,19 @@ def takeover_generate(ref, ckpt, requests: Sequence[Request], eos: Sequence[int]
             if rule.criterion == "calibrated" and calibrated is None:
                 raise ValueError(f"request {i} has a calibrated rule but no scorer: pass "
                                  "calibrated=calibrated.Scorer(...) (chapter 05's null)")
-    length = max(len(r.prompt) for r in requests) + max_new_tokens
-    if ref_prompts is not None and ref_prompts.model is not ref:
-        raise ValueError("ref_prompts holds another model's prompts: give the reference's")
-    prompts = (ref_prompts or PromptCache(ref), PromptCache(ckpt))
-    hits_before = sum(c.hits for c in prompts)
-    pair = _Pair(ref, ckpt, min(batch, len(requests)) * 2, length, prompts)
-    needed = any(r.criterion == "calibrated" for req in requests for r in req.rules)
-    run = _Run(pair, requests, temperature, max_new_tokens, {int(e) for e in eos}, finish,
-               batch, record, calibrated if needed else None)
+
+
+@contextmanager
+def _slot_attention(*models):
+    """The models attend through the slot buffers for the block's duration."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(SLOT_ATTENTION, slot_attention)
-    previous = [m.config._attn_implementation for m in (ref, ckpt)]
-    for m in (ref, ckpt):
+    previous = [m.config._attn_implementation for m in models]
+    for m in models:
         m.config._attn_implementation = SLOT_ATTENTION
     try:
-        run.run(progress or (lambda k: None))
+        yield
     finally:
-        for m, prev in zip((ref, ckpt), previous):
+        for m, prev in zip(models, previous):
             m.config._attn_implementation = prev
-    if stats is not None:
-        stats["node_steps"] = run.node_steps
-        stats["prompt_hits"] = sum(c.hits for c in prompts) - hits_before
-    return [[run.results[(i, r)] for r in range(len(req.rules))]
-            for i, req in enumerate(requests)]
