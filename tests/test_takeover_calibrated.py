@@ -53,6 +53,18 @@ def _table(ref, model, prompts, texts, name):
     return pd.DataFrame(rows)
 
 
+def forced_tables(ref, ckpt, placebo, prompts, eos):
+    """The reference's own texts (three per prompt), forced through the placebo (the null's
+    data) and the checkpoint: their token tables and the null fitted on the placebo's."""
+    own = takeover_generate(ref, ref, [Request(p, 300 + i, (NEVER,)) for i, p in
+                                       enumerate(prompts * 3)], eos, temperature=1.0,
+                            max_new_tokens=MAX_NEW)
+    texts = [w[0].ids for w in own]
+    null_rows = _table(ref, placebo, prompts * 3, texts, "placebo")
+    ckpt_rows = _table(ref, ckpt, prompts * 3, texts, "ckpt")
+    return null_rows, ckpt_rows, calibrated.fit_null(null_rows)
+
+
 @pytest.fixture(scope="module")
 def world():
     tok = tiny_tokenizer()
@@ -61,14 +73,7 @@ def world():
     placebo = tiny_llama(len(tok), seed=2, base=ref, perturb=0.005)
     prompts = [tuple(prompting.prompt_ids(tok, p)) for p in PROBLEMS]
     eos = [int(tok.eos_token_id)]
-    # the placebo's forced departures over the reference's own texts: the null's data
-    own = takeover_generate(ref, ref, [Request(p, 300 + i, (NEVER,)) for i, p in
-                                       enumerate(prompts * 3)], eos, temperature=1.0,
-                            max_new_tokens=MAX_NEW)
-    texts = [w[0].ids for w in own]
-    null_rows = _table(ref, placebo, prompts * 3, texts, "placebo")
-    ckpt_rows = _table(ref, ckpt, prompts * 3, texts, "ckpt")
-    fitted = calibrated.fit_null(null_rows)
+    null_rows, ckpt_rows, fitted = forced_tables(ref, ckpt, placebo, prompts, eos)
     return SimpleNamespace(tok=tok, ref=ref, ckpt=ckpt, prompts=prompts, eos=eos,
                            null_rows=null_rows, ckpt_rows=ckpt_rows, fitted=fitted,
                            scorer=calibrated.Scorer(fitted, 5))

@@ -25,11 +25,9 @@ from rlprobe_nb.suite import prompting
 from rlprobe_nb.takeover import calibrated
 from rlprobe_nb.takeover.lockstep import ALWAYS, NEVER, Request, Rule, takeover_generate
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+from tests.test_takeover_calibrated import MAX_NEW, PROBLEMS, forced_tables
 
-PROBLEMS = ["What is 7 times 6?", "What is 12 + 30?", "Compute 3 + 4.", "What is 9 - 2?",
-            "What is 5 + 5?", "Compute 8 - 3."]
-MAX_NEW = 24
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def _models(device):
@@ -44,17 +42,11 @@ def _models(device):
 def world():
     """The calibrated null fitted on the CPU (as the book fits it: from token tables), the
     same rules run on both devices, every decision recorded."""
-    from tests.test_takeover_calibrated import _table  # the teacher-forced table's columns
-
     tok, (ref, ckpt, placebo) = _models("cpu")
     prompts = [tuple(prompting.prompt_ids(tok, p)) for p in PROBLEMS]
     eos = [int(tok.eos_token_id)]
-    own = takeover_generate(ref, ref, [Request(p, 300 + i, (NEVER,)) for i, p in
-                                       enumerate(prompts * 3)], eos, temperature=1.0,
-                            max_new_tokens=MAX_NEW)
-    texts = [w[0].ids for w in own]
-    fitted = calibrated.fit_null(_table(ref, placebo, prompts * 3, texts, "placebo"))
-    t_ckpt = calibrated.table_scores(_table(ref, ckpt, prompts * 3, texts, "ckpt"), fitted)
+    _, ckpt_rows, fitted = forced_tables(ref, ckpt, placebo, prompts, eos)
+    t_ckpt = calibrated.table_scores(ckpt_rows, fitted)
     rules = (NEVER, ALWAYS, Rule("delta_logp", 0.5), Rule("kl", 0.2), Rule("entropy", 3.5),
              Rule("random", 0.7)) + tuple(Rule("calibrated", float(np.quantile(t_ckpt, q)))
                                           for q in (0.5, 0.9))
