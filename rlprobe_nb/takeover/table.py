@@ -64,9 +64,11 @@ def takeover_settings(P: Params, checkpoints: list[str], thresholds: pd.DataFram
 def write_rules(ref, ckpt, tokenizer, problems: pd.DataFrame, rules, *, P: Params,
                 checkpoint: str, samples: int, temperature: float, max_new_tokens: int,
                 stop_at_box: bool, seed: int, batch_rows: int, scorer=None,
-                ref_prompts: lockstep.PromptCache | None = None) -> pd.DataFrame:
+                ref_prompts: lockstep.PromptCache | None = None,
+                stats: dict | None = None) -> pd.DataFrame:
     """Every rule's graded response for each problem and sample, in the table's columns
-    (``scorer``: the checkpoint's ``calibrated.Scorer``, for calibrated rules)."""
+    (``scorer``: the checkpoint's ``calibrated.Scorer``, for calibrated rules; ``stats``
+    gets the decoder's cost, see ``lockstep.takeover_generate``)."""
     requests, where = [], []
     for pid, text in zip(problems.problem_id, problems.problem):
         prompt = tuple(prompting.prompt_ids(tokenizer, text, P.prompt_template))
@@ -79,7 +81,7 @@ def write_rules(ref, ckpt, tokenizer, problems: pd.DataFrame, rules, *, P: Param
     written = lockstep.takeover_generate(
         ref, ckpt, requests, rollouts.eos_ids(ref, tokenizer), temperature=temperature,
         max_new_tokens=max_new_tokens, batch=batch_rows, finish=finish,
-        progress=bar.update, calibrated=scorer, ref_prompts=ref_prompts)
+        progress=bar.update, calibrated=scorer, ref_prompts=ref_prompts, stats=stats)
     bar.close()
     gold = dict(zip(problems.problem_id, problems.answer))
     records = []
