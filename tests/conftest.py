@@ -14,6 +14,8 @@ fixtures are built once and its tests that change shared files run one after ano
 """
 
 import os
+import signal
+import warnings
 
 import pytest
 import session_book
@@ -76,10 +78,6 @@ def sigint_as_it_was(request):
     processes can leave SIGINT ignored in the test process (its children then inherit
     the ignored signal): the Ctrl-C tests of the book would then wait for a signal that
     never arrives. Restored, and named, so the leak is seen rather than inherited."""
-    import signal
-
-    import warnings
-
     before = signal.getsignal(signal.SIGINT)
     yield
     after = signal.getsignal(signal.SIGINT)
