@@ -37,14 +37,6 @@ def _tokens(P, checkpoints: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _problems(P, n: int) -> pd.DataFrame:
-    return problem_sources.load_problems(
-        P.problems.source, hub_id=P.problems.hub_id, config=P.problems.config,
-        split=P.problems.split, path=P.problems.path and paths.resolve(P.problems.path),
-        n=n, seed=P.problems.seed, split_name=P.problems.split_name, levels=P.problems.levels,
-        subjects=P.problems.subjects, limit=n)
-
-
 def _agreement(ours: pd.DataFrame, P, checkpoint: str) -> dict:
     """Texts and accuracies beside the suite's takeover table, where it has these rows."""
     folder = paths.table_dir(P.suite, "takeover")
@@ -101,7 +93,7 @@ def main() -> None:
     tokens = _tokens(P, [ck] + nulls)
     scorers = calibrated.scorers(P, tokens, [ck])[0] if nulls else {}
     rules = table.rules_of(sweep.all_thresholds(tokens, [ck], T.criteria, budgets, scorers), ck)
-    problems = _problems(P, a.problems)
+    problems = problem_sources.suite_problems(P, n=a.problems, limit=a.problems)
     start = time.perf_counter()
     ref, ckpt = models.load_model(P.reference, P), models.load_model(ck, P)
     loaded = time.perf_counter() - start

@@ -68,11 +68,7 @@ print(f"suite {P.suite}: reference {REFERENCE!r}, target {TARGET!r}, "
 # `\boxed{}` of the solution, extracted by matching braces.
 
 # %%
-PROBLEMS = problem_sources.load_problems(
-    P.problems.source, hub_id=P.problems.hub_id, config=P.problems.config,
-    split=P.problems.split, path=P.problems.path and paths.resolve(P.problems.path),
-    n=P.problems.n, seed=P.problems.seed, split_name=P.problems.split_name,
-    levels=P.problems.levels, subjects=P.problems.subjects, limit=P.problems.limit)
+PROBLEMS = problem_sources.suite_problems(P)
 PROBLEMS.groupby(["subject", "level"]).size().rename("problems").reset_index()
 
 # %%

@@ -86,11 +86,7 @@ T = P.takeover
 CHECKPOINTS = sweep.check_checkpoints(P, T.checkpoints or sweep.default_checkpoints(P))
 TARGET = P.target if P.target in CHECKPOINTS else CHECKPOINTS[-1]
 PLACEBO = next((c for c in CHECKPOINTS if P.run_of(c) == "placebo"), None)
-PROBLEMS = problem_sources.load_problems(
-    P.problems.source, hub_id=P.problems.hub_id, config=P.problems.config,
-    split=P.problems.split, path=P.problems.path and paths.resolve(P.problems.path),
-    n=T.n_problems, seed=P.problems.seed, split_name=P.problems.split_name,
-    levels=P.problems.levels, subjects=P.problems.subjects, limit=T.n_problems)
+PROBLEMS = problem_sources.suite_problems(P, n=T.n_problems, limit=T.n_problems)
 MAX_NEW = T.max_new_tokens or P.filtering.max_new_tokens
 NULLS = [calibrated.null_for(P, c) for c in CHECKPOINTS] if "calibrated" in T.criteria else []
 TOKENS = suite_tables.read_tokens(P, [(c, P.reference) for c in dict.fromkeys(CHECKPOINTS + NULLS)])

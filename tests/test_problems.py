@@ -151,3 +151,17 @@ def test_a_problem_text_longer_than_any_statement_is_refused_naming_its_row(tmp_
     with pytest.raises(ProblemsError, match=r"p\.jsonl:2: its problem text has 10,000,000 characters"):
         problem_sources.from_file(path)
     assert time.perf_counter() - t0 < 5
+
+
+def test_suite_problems_reads_the_suites_problems_section():
+    """The one call 01, 09 and the takeover benchmark make: the suite's own problems, or
+    the first ``n`` of the same source."""
+    from rlprobe_nb.suite import params
+
+    P = params.load("demo")
+    own = problem_sources.suite_problems(P)
+    assert len(own) == P.problems.n
+    first = problem_sources.suite_problems(P, n=12, limit=12)
+    assert list(first.problem_id) == list(problem_sources.load_problems(
+        "demo", n=12, seed=P.problems.seed, split_name=P.problems.split_name).problem_id)
+    assert list(first.problem_id) == list(own.problem_id[:12])  # a prefix of the same split

@@ -288,6 +288,19 @@ def load_problems(source: str, *, hub_id: str | None = None, config: str | None 
     return filter_problems(df, levels=levels, subjects=subjects, limit=limit)
 
 
+def suite_problems(P, n: int | None = None, limit: int | None = None) -> pd.DataFrame:
+    """The problems of a suite's ``problems`` section (``n`` and ``limit`` default to its
+    own: chapter 09 reads the first ``takeover.n_problems`` of the same source)."""
+    from rlprobe_nb.suite import paths
+
+    Q = P.problems
+    return load_problems(
+        Q.source, hub_id=Q.hub_id, config=Q.config, split=Q.split,
+        path=Q.path and paths.resolve(Q.path), n=Q.n if n is None else n, seed=Q.seed,
+        split_name=Q.split_name, levels=Q.levels, subjects=Q.subjects,
+        limit=Q.limit if limit is None else limit)
+
+
 def filter_problems(df: pd.DataFrame, levels: list[int] | None = None,
                     subjects: list[str] | None = None, limit: int | None = None) -> pd.DataFrame:
     out = df
